@@ -1,0 +1,1 @@
+"""Side-effecting rollout code: environments, prompts, parsing, the rollout loop."""

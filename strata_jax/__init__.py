@@ -1,0 +1,1 @@
+"""strata_jax: pure, jitted training library for long-horizon LLM agents."""

@@ -1,0 +1,145 @@
+"""Padded trajectory pytrees: the data contract between the rollout loop and the jitted update.
+
+Shapes: P tasks, N strategies per task, M trajectories per strategy, H max steps.
+Flat algorithms (GRPO, GiGPO, BEACON) use N = 1, M = G.
+
+`anchor_id` / `action_id` are 64-bit hashes of text on the host. JAX runs without x64, where an
+int64 array would be silently truncated to int32 (and hashes could collide), so `from_numpy`
+relabels them to dense int32 ids with `np.unique`: equality, which is all the advantage code uses,
+is preserved exactly. Id -1 (and any negative id) stays "no id".
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+# field -> (shape letters, numpy dtype kind the caller may pass, dtype stored)
+_TRAJ_FIELDS = {
+    "step_mask": ("PNMH", "b", jnp.bool_),
+    "won": ("PNM", "b", jnp.bool_),
+    "episode_return": ("PNM", "f", jnp.float32),
+    "env_reward": ("PNMH", "f", jnp.float32),
+    "invalid": ("PNMH", "b", jnp.bool_),
+    "milestone": ("PNMH", "b", jnp.bool_),
+    "judged_bad": ("PNMH", "b", jnp.bool_),
+    "anchor_id": ("PNMH", "iu", jnp.int32),
+    "action_id": ("PNMH", "iu", jnp.int32),
+    "strategy_mask": ("PN", "b", jnp.bool_),
+    "strategy_len": ("PN", "iu", jnp.int32),
+    "strategy_malformed": ("PN", "b", jnp.bool_),
+    "horizon": ("P", "iu", jnp.int32),
+}
+
+
+class BatchError(ValueError):
+    """A batch field has the wrong name, shape or dtype; the message names the field."""
+
+
+def _dense_ids(x: np.ndarray) -> np.ndarray:
+    """Relabel arbitrary integer hashes to dense int32 ids; negative entries stay -1."""
+    x = np.asarray(x)
+    out = np.full(x.shape, -1, np.int32)
+    valid = x >= 0
+    if valid.any():
+        _, inv = np.unique(x[valid], return_inverse=True)
+        out[valid] = inv.astype(np.int32)
+    return out
+
+
+@struct.dataclass
+class TrajectoryBatch:
+    """One iteration of rollouts. See DESIGN.md for the table of fields."""
+
+    step_mask: jax.Array  # [P, N, M, H] bool
+    won: jax.Array  # [P, N, M] bool
+    episode_return: jax.Array  # [P, N, M] f32
+    env_reward: jax.Array  # [P, N, M, H] f32
+    invalid: jax.Array  # [P, N, M, H] bool
+    milestone: jax.Array  # [P, N, M, H] bool
+    judged_bad: jax.Array  # [P, N, M, H] bool
+    anchor_id: jax.Array  # [P, N, M, H] i32 (dense relabel of host int64 hashes)
+    action_id: jax.Array  # [P, N, M, H] i32
+    strategy_mask: jax.Array  # [P, N] bool
+    strategy_len: jax.Array  # [P, N] i32
+    strategy_malformed: jax.Array  # [P, N] bool
+    horizon: jax.Array  # [P] i32
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(P, N, M, H)."""
+        return tuple(self.step_mask.shape)  # type: ignore[return-value]
+
+    @property
+    def traj_mask(self) -> jax.Array:
+        """[P, N, M] bool: the trajectory exists (has at least one step)."""
+        return self.step_mask.any(axis=-1)
+
+    @classmethod
+    def from_numpy(cls, **arrays) -> "TrajectoryBatch":
+        """Validate host arrays (names, shapes, dtypes) and build the pytree.
+
+        Every field of the DESIGN.md table is required; a missing, extra, mis-shaped or mis-typed
+        field raises BatchError naming it.
+        """
+        missing = sorted(set(_TRAJ_FIELDS) - set(arrays))
+        extra = sorted(set(arrays) - set(_TRAJ_FIELDS))
+        if missing:
+            raise BatchError(f"TrajectoryBatch: missing field(s) {missing}")
+        if extra:
+            raise BatchError(f"TrajectoryBatch: unknown field(s) {extra}; allowed: {sorted(_TRAJ_FIELDS)}")
+        sm = np.asarray(arrays["step_mask"])
+        if sm.ndim != 4:
+            raise BatchError(f"TrajectoryBatch.step_mask: expected 4 dims [P,N,M,H], got shape {sm.shape}")
+        dims = dict(zip("PNMH", sm.shape))
+        out = {}
+        for name, (letters, kinds, dtype) in _TRAJ_FIELDS.items():
+            a = np.asarray(arrays[name])
+            want = tuple(dims[c] for c in letters)
+            if a.shape != want:
+                raise BatchError(
+                    f"TrajectoryBatch.{name}: expected shape [{','.join(letters)}]={want}, got {a.shape}")
+            if a.dtype.kind not in kinds:
+                raise BatchError(
+                    f"TrajectoryBatch.{name}: expected dtype kind {kinds!r} ({np.dtype(dtype).name}), "
+                    f"got {a.dtype}")
+            if name in ("anchor_id", "action_id"):
+                a = _dense_ids(a)
+            out[name] = jnp.asarray(a, dtype=dtype)
+        return cls(**out)
+
+
+@struct.dataclass
+class TokenBatch:
+    """What the update sees: one row per trained LLM call (an action step or a strategy).
+
+    `row_index[s] = (p, n, m, t)` points back into the TrajectoryBatch; t = -1 marks a strategy
+    row. Padding rows have `row_valid = False` and an all-False loss mask.
+    """
+
+    tokens: jax.Array  # [S, L] i32, prompt + response, left-padded
+    attention_mask: jax.Array  # [S, L] bool, token exists
+    loss_mask: jax.Array  # [S, L] bool, response tokens that are trained
+    old_logp: jax.Array  # [S, L] f32, log-prob under the sampling policy
+    ref_logp: jax.Array  # [S, L] f32, log-prob under the reference policy
+    advantage: jax.Array  # [S, L] f32, per-token advantage (filled by gather_advantages)
+    row_index: jax.Array  # [S, 4] i32 (p, n, m, t)
+    row_valid: jax.Array  # [S] bool
+
+    @property
+    def is_strategy_row(self) -> jax.Array:
+        """[S] bool."""
+        return self.row_index[:, 3] < 0
+
+
+def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: TokenBatch) -> TokenBatch:
+    """Copy each row's advantage (step [P,N,M,H] or strategy [P,N]) onto its loss-masked tokens."""
+    p, n, m, t = (tokens.row_index[:, i] for i in range(4))
+    is_strat = t < 0
+    a_step = step_adv[p, n, m, jnp.maximum(t, 0)]  # [S]
+    a_str = strategy_adv[p, n]  # [S]
+    a = jnp.where(is_strat, a_str, a_step) * tokens.row_valid  # [S]
+    adv = jnp.where(tokens.loss_mask, a[:, None], 0.0).astype(jnp.float32)  # [S, L]
+    return tokens.replace(advantage=adv)

@@ -1,0 +1,28 @@
+"""Test setup: 8 simulated CPU devices (set before jax is imported) and shared-data paths."""
+
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def shared_dir() -> pathlib.Path:
+    """The project's shared/ folder: $STRATA_SHARED, else ../shared beside the checkout."""
+    env = os.environ.get("STRATA_SHARED")
+    return pathlib.Path(env) if env else REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared():
+    d = shared_dir()
+    if not d.exists():
+        pytest.fail(f"shared folder not found at {d} (set STRATA_SHARED)")
+    return d
