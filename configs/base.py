@@ -1,0 +1,228 @@
+"""All defaults, documented, and the validation every run goes through before any work.
+
+Experiment files (`configs/<algo>_<env>.py`) start from `base_config()` and change a few fields.
+Command-line overrides: `python launch.py --config configs/strata_alfworld.py --config.algo.delta=0.25`.
+An unknown key fails in ml_collections' flag parser (it names the key); a bad value fails in
+`validate()` below, naming the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import ml_collections as mlc
+
+ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
+ENVS = ("household", "alfworld", "scienceworld")
+CHOICES = {
+    "algo.name": ALGOS,
+    "algo.milestones": ("facts", "expert_plan"),
+    "algo.gigpo_norm": ("std", "mean"),
+    "algo.seg_norm": ("mean", "std"),
+    "env.name": ENVS,
+    "env.split": ("train", "valid_seen", "valid_unseen"),
+    "env.eval_split": ("train", "valid_seen", "valid_unseen"),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "sampling.kv_dtype": ("float32", "bfloat16"),
+    "train.aggregation": ("token_mean", "seq_mean_token_mean"),
+    "train.schedule": ("constant", "warmup_cosine"),
+}
+
+
+def base_config() -> mlc.ConfigDict:
+    c = mlc.ConfigDict()
+    c.seed = 0
+    c.iterations = 100  # training iterations (rollout -> advantages -> update)
+
+    # --- algorithm (ALGORITHMS.md) ---------------------------------------------------------------
+    a = c.algo = mlc.ConfigDict()
+    a.name = "strata"  # one of ALGOS
+    a.tasks_per_iter = 16  # P
+    a.group_size = 8  # G, trajectories per task for flat algorithms (N = 1, M = G)
+    a.num_strategies = 4  # N (StraTA)
+    a.traj_per_strategy = 8  # M (StraTA)
+    a.oversample = 8  # sigma: sample sigma * N strategy candidates, keep N
+    a.diverse = True  # farthest-point selection on (False: the first N candidates)
+    a.judgment = True  # self-judgment step penalties on
+    a.judge_train = False  # train the judgment tokens too (not wired: must stay False)
+    a.revise_every = 0  # re-sample the strategy every K steps (0 = off; beyond the paper)
+    a.milestones = "facts"  # BEACON milestone source: game facts or the expert plan
+    a.delta = 0.5  # top-delta share of a strategy's returns
+    a.kappa = 0.1  # self-judgment penalty per bad step
+    a.gamma = 0.95  # GiGPO step-return discount
+    a.beacon_gamma = 0.9  # BEACON temporal shaping discount
+    a.lam_strategy = 0.5  # weight of the strategy-level loss
+    a.lam_seg = 1.0  # BEACON segment advantage weight
+    a.omega = 1.0  # GiGPO step advantage weight
+    a.invalid_penalty = 0.1
+    a.r_succ = 10.0
+    a.r_ms = 10.0
+    a.c_len = 0.1
+    a.c_fmt = 0.1
+    a.strategy_budget = 64  # L_z, strategy token budget
+    a.stats_over_steps = False
+    a.gigpo_norm = "std"
+    a.seg_norm = "mean"
+
+    # --- environment -------------------------------------------------------------------------------
+    e = c.env = mlc.ConfigDict()
+    e.name = "household"
+    e.max_steps = 30
+    e.history_length = 2
+    e.horizon_min = 2  # household: L* range of generated tasks
+    e.horizon_max = 12
+    e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
+    e.split = "train"
+    e.eval_split = "valid_unseen"
+    e.num_workers = 0  # 0 = in-process pool; > 0 worker processes
+    e.timeout_s = 60.0  # a worker silent this long is restarted and its trajectory masked out
+    e.eval_seed_offset = 1_000_000  # household: held-out tasks come from seeds above this
+
+    # --- model ------------------------------------------------------------------------------------
+    m = c.model = mlc.ConfigDict()
+    m.path = ""  # a local Hugging Face directory; "" = build the tiny model (below) in the workdir
+    m.dtype = "float32"
+    m.param_dtype = "float32"
+    m.scan_layers = False
+    m.remat = False
+    m.tiny_hidden = 64
+    m.tiny_layers = 2
+    m.tiny_heads = 4
+    m.tiny_kv_heads = 2
+    m.tiny_intermediate = 128
+    m.tiny_vocab = 512
+
+    # --- sampling ---------------------------------------------------------------------------------
+    s = c.sampling = mlc.ConfigDict()
+    s.temperature = 1.0
+    s.eval_temperature = 0.4
+    s.top_p = 1.0
+    s.top_k = 0
+    s.max_action_tokens = 48
+    s.max_strategy_tokens = 64
+    s.max_judge_tokens = 32
+    s.prompt_buckets = (128, 256, 512, 1024, 2048)
+    s.batch_buckets = (8, 16, 32, 64, 128, 256, 512)
+    s.kv_dtype = "float32"
+
+    # --- update (ALGORITHMS.md 5) -----------------------------------------------------------------
+    t = c.train = mlc.ConfigDict()
+    t.lr = 1e-6
+    t.weight_decay = 0.01
+    t.grad_clip = 1.0
+    t.schedule = "constant"
+    t.warmup_steps = 0
+    t.eps_low = 0.2
+    t.eps_high = 0.2
+    t.dual_clip = 3.0
+    t.kl_coef = 0.01
+    t.entropy_coef = 0.0  # ALGORITHMS.md: entropy bonus 0.001 is an option
+    t.aggregation = "token_mean"
+    t.mini_batch_rows = 256  # rows (LLM calls) per optimiser step; one epoch per iteration
+    t.micro_batches = 1  # gradient accumulation inside one step
+    t.length_buckets = (128, 256, 512, 1024, 2048)
+    t.logprob_chunk = 8192  # vocabulary chunk for log-probs
+
+    # --- SFT warm start -------------------------------------------------------------------------
+    f = c.sft = mlc.ConfigDict()
+    f.steps = 200
+    f.lr = 1e-3
+    f.batch_rows = 32
+    f.demos = ""  # JSONL of demonstrations (ALFWorld); household uses its expert solver
+    f.num_tasks = 256
+
+    # --- evaluation, checkpoints, logging, mesh -------------------------------------------------
+    v = c.eval = mlc.ConfigDict()
+    v.every = 10  # iterations between evaluations (0 = off)
+    v.num_tasks = 64
+    v.greedy = True  # also evaluate with greedy decoding
+
+    k = c.checkpoint = mlc.ConfigDict()
+    k.every = 5
+    k.keep = 3
+    k.async_save = False
+
+    g = c.log = mlc.ConfigDict()
+    g.progress = True
+    g.plots_every = 1
+    g.save_batches = True  # keep each iteration's TrajectoryBatch for `launch.py ablate`
+
+    h = c.mesh = mlc.ConfigDict()
+    h.data = 1
+    h.fsdp = -1  # -1 = all remaining devices
+    h.tensor = 1
+    h.distributed = False  # jax.distributed.initialize() (multi-host GPU / TPU pods)
+    return c
+
+
+def _get(c: mlc.ConfigDict, dotted: str):
+    for part in dotted.split("."):
+        c = c[part]
+    return c
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+
+def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
+    """Check every enumerated and numeric field; raise ConfigError naming the key."""
+    for key, allowed in CHOICES.items():
+        val = _get(c, key)
+        if val not in allowed:
+            raise ConfigError(f"config.{key}={val!r} is not allowed; choose one of {list(allowed)}")
+    positive = ["iterations", "algo.tasks_per_iter", "algo.group_size", "algo.num_strategies",
+                "algo.traj_per_strategy", "algo.oversample", "env.max_steps", "train.mini_batch_rows",
+                "train.micro_batches", "sampling.max_action_tokens", "sampling.max_strategy_tokens",
+                "sampling.max_judge_tokens", "checkpoint.keep", "algo.strategy_budget"]
+    for key in positive:
+        if _get(c, key) < 1:
+            raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 1")
+    nonneg = ["algo.kappa", "algo.invalid_penalty", "algo.lam_strategy", "algo.lam_seg", "algo.omega",
+              "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
+              "env.history_length", "env.num_workers", "algo.revise_every", "sft.steps"]
+    for key in nonneg:
+        if _get(c, key) < 0:
+            raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 0")
+    for key in ("algo.delta", "algo.gamma", "algo.beacon_gamma"):
+        if not 0.0 < _get(c, key) <= 1.0:
+            raise ConfigError(f"config.{key}={_get(c, key)!r} must be in (0, 1]")
+    if not 0.0 < c.sampling.top_p <= 1.0:
+        raise ConfigError(f"config.sampling.top_p={c.sampling.top_p!r} must be in (0, 1]")
+    if c.sampling.temperature < 0 or c.sampling.eval_temperature < 0:
+        raise ConfigError("config.sampling.temperature / eval_temperature must be >= 0")
+    if not 1 <= c.env.horizon_min <= c.env.horizon_max:
+        raise ConfigError(
+            f"config.env.horizon_min={c.env.horizon_min} / horizon_max={c.env.horizon_max}: need 1 <= min <= max")
+    if c.algo.judgment and not c.algo.name.startswith("strata"):
+        raise ConfigError(
+            f"config.algo.judgment=True is only wired for strata / strata+beacon, not {c.algo.name!r}: "
+            "set --config.algo.judgment=False")
+    if c.algo.judge_train:
+        raise ConfigError("config.algo.judge_train=True is not wired yet: judgment tokens cannot be trained")
+    if c.algo.name.startswith("strata") is False and c.algo.revise_every:
+        raise ConfigError("config.algo.revise_every only applies to strata and strata+beacon")
+    if c.train.micro_batches > c.train.mini_batch_rows or c.train.mini_batch_rows % c.train.micro_batches:
+        raise ConfigError(
+            f"config.train.micro_batches={c.train.micro_batches} must divide "
+            f"config.train.mini_batch_rows={c.train.mini_batch_rows}")
+    return c
+
+
+def get_config() -> mlc.ConfigDict:
+    return base_config()
+
+
+def with_algo_env(c: mlc.ConfigDict, algo: str, env: str) -> mlc.ConfigDict:
+    """The per-environment defaults of ALGORITHMS.md section 7 for one algorithm."""
+    c.algo.name = algo
+    c.env.name = env
+    strata = algo.startswith("strata")
+    c.algo.judgment = strata  # self-judgment belongs to StraTA; flat algorithms never read it
+    c.algo.diverse = strata
+    if env == "alfworld":
+        c.env.max_steps = 30 if algo == "beacon" else 50
+    elif env == "scienceworld":
+        c.env.max_steps = 50
+    else:
+        c.env.max_steps = 30
+    return c

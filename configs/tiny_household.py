@@ -1,0 +1,36 @@
+"""The embedded default: a tiny random model on the built-in household world, on the CPU.
+
+`python launch.py` builds the model (random init, tokenizer trained on the household grammar),
+warm-starts it with SFT on expert demonstrations, then trains StraTA; it is sized to finish in
+minutes on 2 CPU cores.
+"""
+
+from configs.base import base_config, with_algo_env
+
+
+def get_config():
+    c = with_algo_env(base_config(), "strata", "household")
+    c.iterations = 20
+    c.algo.tasks_per_iter = 4
+    c.algo.num_strategies = 2
+    c.algo.traj_per_strategy = 4
+    c.algo.oversample = 2
+    c.algo.strategy_budget = 24
+    c.env.max_steps = 16
+    c.env.horizon_min = 2
+    c.env.horizon_max = 8
+    c.sampling.max_action_tokens = 16
+    c.sampling.max_strategy_tokens = 24
+    c.sampling.max_judge_tokens = 12
+    c.sampling.prompt_buckets = (256, 512)
+    c.sampling.batch_buckets = (8, 16, 32)
+    c.train.lr = 1e-4
+    c.train.mini_batch_rows = 64
+    c.train.length_buckets = (256, 512)
+    c.sft.steps = 300
+    c.sft.lr = 3e-3
+    c.sft.batch_rows = 32
+    c.eval.every = 5
+    c.eval.num_tasks = 32
+    c.checkpoint.every = 2
+    return c

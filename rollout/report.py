@@ -1,0 +1,132 @@
+"""Run outputs a person reads: metrics.jsonl, TensorBoard events, and PNG plots in the workdir.
+
+`MetricsLog.append` is the only writer; plots are re-drawn from the whole history so a resumed run
+(which re-reads metrics.jsonl) draws one continuous curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Curves drawn on the learning-curve figure, in this order, when present.
+CURVE_KEYS = (
+    "train/success", "eval/success", "eval_greedy/success", "train/episode_return", "train/esu",
+    "train/car", "train/ccr", "train/invalid_rate", "train/episode_len", "update/loss",
+    "update/kl", "update/clip_frac", "update/entropy", "update/grad_norm", "time/iteration_s",
+    "time/sample_tok_s",
+)
+BUCKETS = ("short", "medium", "long")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+class MetricsLog:
+    """metrics.jsonl (+ TensorBoard) under `workdir`; `history` holds every row written so far."""
+
+    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
+        self.dir = pathlib.Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self.history: list[dict] = []
+        if self.path.exists():
+            with open(self.path) as f:
+                self.history = [json.loads(line) for line in f if line.strip()]
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir / "tb"))
+
+    def truncate_after(self, iteration: int) -> None:
+        """Drop rows past `iteration` (a resumed run redoes them from its checkpoint)."""
+        self.history = [r for r in self.history if r.get("iteration", -1) <= iteration]
+        with open(self.path, "w") as f:
+            for r in self.history:
+                f.write(json.dumps(r) + "\n")
+
+    def append(self, row: dict) -> None:
+        row = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)
+               for k, v in row.items()}
+        self.history.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            step = int(row.get("iteration", len(self.history)))
+            for k, v in row.items():
+                if k != "iteration" and _finite(v):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _series(history: list[dict], key: str):
+    xs, ys = [], []
+    for r in history:
+        if _finite(r.get(key)):
+            xs.append(r.get("iteration", len(xs)))
+            ys.append(r[key])
+    return xs, ys
+
+
+def plot_learning_curves(history: list[dict], path: str | os.PathLike, title: str = "") -> bool:
+    """One panel per metric present in the history. Returns False if nothing to draw."""
+    keys = [k for k in CURVE_KEYS if _series(history, k)[0]]
+    if not keys:
+        return False
+    cols = 4
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        xs, ys = _series(history, key)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def plot_success_by_horizon(history: list[dict], path: str | os.PathLike, prefix: str = "eval") -> bool:
+    """Success per horizon bucket (short / medium / long) over iterations, plus the latest bars."""
+    series = {b: _series(history, f"{prefix}/success_{b}") for b in BUCKETS}
+    if not any(xs for xs, _ in series.values()):
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    latest = []
+    for b in BUCKETS:
+        xs, ys = series[b]
+        if xs:
+            ax1.plot(xs, ys, marker="o", ms=3, label=b)
+        latest.append(ys[-1] if ys else 0.0)
+    ax1.set_xlabel("iteration")
+    ax1.set_ylabel("success")
+    ax1.set_ylim(-0.02, 1.02)
+    ax1.legend()
+    ax1.grid(alpha=0.3)
+    ax1.set_title(f"{prefix}: success by horizon bucket")
+    ax2.bar(BUCKETS, latest, color=["tab:green", "tab:orange", "tab:red"])
+    ax2.set_ylim(0, 1)
+    ax2.set_title("latest (short L*<=4, medium 5-7, long >7)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True

@@ -1,0 +1,86 @@
+"""Every config loads and validates; bad keys and values fail naming the key."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from configs.base import ALGOS, ENVS, ConfigError, base_config, validate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_FILES = sorted(p for p in (REPO / "configs").glob("*.py") if p.name not in ("__init__.py",))
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+def test_one_config_per_algo_and_env():
+    names = {p.stem for p in CONFIG_FILES}
+    for algo in ALGOS:
+        for env in ENVS:
+            assert f"{algo.replace('+', '_')}_{env}" in names
+    assert "tiny_household" in names
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
+def test_config_validates(path):
+    c = validate(_load(path))
+    if path.stem != "base" and path.stem != "tiny_household":
+        algo, env = c.algo.name.replace("+", "_"), c.env.name
+        assert path.stem == f"{algo}_{env}"
+        # ALGORITHMS.md section 7: ALFWorld max steps 50 (BEACON 30); synthetic 30.
+        if env == "alfworld":
+            assert c.env.max_steps == (30 if c.algo.name == "beacon" else 50)
+        if env == "household":
+            assert c.env.max_steps == 30
+        assert c.algo.judgment == c.algo.name.startswith("strata")
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("algo.name", "ppo", "config.algo.name='ppo' is not allowed"),
+    ("algo.delta", 0.0, "config.algo.delta=0.0 must be in (0, 1]"),
+    ("train.aggregation", "sum", "config.train.aggregation='sum'"),
+    ("env.name", "webshop", "config.env.name='webshop'"),
+    ("algo.kappa", -1.0, "config.algo.kappa=-1.0 must be >= 0"),
+    ("algo.judge_train", True, "judge_train=True is not wired"),
+])
+def test_bad_values_name_the_key(key, value, fragment):
+    c = base_config()
+    section, leaf = key.split(".")
+    c[section][leaf] = value
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    assert fragment in str(e.value)
+
+
+def test_judgment_on_a_flat_algorithm_fails_loudly():
+    c = base_config()
+    c.algo.name = "grpo"
+    c.algo.judgment = True
+    with pytest.raises(ConfigError, match="judgment=True is only wired for strata"):
+        validate(c)
+
+
+def _launch(*args):
+    return subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+def test_cli_unknown_key_and_bad_value():
+    r = _launch("--config", "configs/grpo_household.py", "--config.algo.delt=0.3", "--dry_run")
+    assert r.returncode == 2 and "unknown config key config.algo.delt" in r.stderr and "delta" in r.stderr
+    r = _launch("--config", "configs/grpo_household.py", "--config.algo.delta=1.5", "--dry_run")
+    assert r.returncode == 2 and "config.algo.delta=1.5 must be in (0, 1]" in r.stderr
+    r = _launch("--config", "configs/strata_alfworld.py", "--config.algo.delta=0.25", "--dry_run")
+    assert r.returncode == 0 and "delta: 0.25" in r.stdout
+
+
+def test_cli_unknown_mode():
+    r = _launch("fly", "--dry_run")
+    assert r.returncode != 0 and "unknown mode 'fly'" in (r.stderr + r.stdout)
