@@ -1,0 +1,193 @@
+"""Device mesh, logical-axis rules and multi-host initialisation.
+
+One `Mesh` with axes ('data', 'fsdp', 'tensor'). Parameters name their dimensions with logical
+axes (`embed, heads, kv_heads, head_dim, mlp, vocab`) in their `nnx.Param` metadata; a rules table
+maps each logical axis to a mesh axis (or None = replicated). The batch dimension of the data is
+split over ('data', 'fsdp').
+
+Divisibility: a mesh axis that does not divide a parameter dimension is *skipped* for that
+dimension (the dimension is replicated over it) rather than failing, so one rules table serves every
+model size and mesh (e.g. 2 kv heads on a tensor axis of 4). A mesh axis is also never used twice
+in one spec (XLA forbids it); the later dimension is replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis (str), several mesh axes (tuple) or None (replicated)
+DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "vocab": "tensor",
+    "head_dim": None,
+    "layers": None,  # the stacked-layer axis of scanned layers
+    "batch": ("data", "fsdp"),
+}
+
+# Where different flax versions keep a Variable's logical axis names (newest first).
+_AXES_METADATA_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+class ShardingError(ValueError):
+    """A mesh or a logical-axis annotation is invalid; the message names the problem."""
+
+
+def make_mesh(shape: Mapping[str, int] | Sequence[int], devices: Sequence[Any] | None = None) -> Mesh:
+    """Mesh with axes ('data', 'fsdp', 'tensor').
+
+    `shape` is a dict (missing axes = 1) or a (data, fsdp, tensor) tuple. One entry may be -1: it
+    takes all the devices the others leave. The product must equal the number of devices.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if isinstance(shape, Mapping):
+        unknown = sorted(set(shape) - set(MESH_AXES))
+        if unknown:
+            raise ShardingError(f"make_mesh: unknown mesh axis {unknown}; axes are {MESH_AXES}")
+        dims = [int(shape.get(a, 1)) for a in MESH_AXES]
+    else:
+        dims = [int(d) for d in shape]
+        if len(dims) != len(MESH_AXES):
+            raise ShardingError(f"make_mesh: shape {tuple(shape)} must have 3 entries {MESH_AXES}")
+    if dims.count(-1) > 1 or any(d == 0 or d < -1 for d in dims):
+        raise ShardingError(f"make_mesh: invalid shape {dict(zip(MESH_AXES, dims))}")
+    if -1 in dims:
+        known = int(np.prod([d for d in dims if d != -1]))
+        if len(devices) % known:
+            raise ShardingError(f"make_mesh: {len(devices)} devices not divisible by {known} for shape {dims}")
+        dims[dims.index(-1)] = len(devices) // known
+    if int(np.prod(dims)) != len(devices):
+        raise ShardingError(
+            f"make_mesh: shape {dict(zip(MESH_AXES, dims))} needs {int(np.prod(dims))} devices, got {len(devices)}")
+    grid = np.asarray(devices, dtype=object).reshape(dims)
+    # Auto axes spelled out: the default of the constructors has moved between jax versions.
+    axis_types = getattr(jax.sharding, "AxisType", None)
+    if axis_types is not None:
+        return Mesh(grid, MESH_AXES, axis_types=(axis_types.Auto,) * len(MESH_AXES))
+    return Mesh(grid, MESH_AXES)
+
+
+def _as_tuple(x: str | Sequence[str] | None) -> tuple[str, ...]:
+    if x is None:
+        return ()
+    return (x,) if isinstance(x, str) else tuple(x)
+
+
+def logical_to_spec(
+    axes: Sequence[str | None] | None,
+    rules: Mapping[str, Any] | None = None,
+    mesh: Mesh | None = None,
+    shape: Sequence[int] | None = None,
+) -> PartitionSpec:
+    """Logical axis names (one per dimension, None = replicated) -> PartitionSpec.
+
+    With `mesh` and `shape`, a mesh axis whose size does not divide the dimension is skipped.
+    An unknown logical name raises (a typo must not silently replicate a large matrix).
+    """
+    rules = DEFAULT_RULES if rules is None else rules
+    if axes is None:
+        return PartitionSpec()
+    axes = tuple(axes)
+    if shape is not None and len(shape) != len(axes):
+        raise ShardingError(f"logical axes {axes} do not match the array rank {len(shape)} (shape {tuple(shape)})")
+    used: set[str] = set()
+    spec = []
+    for dim, name in enumerate(axes):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in rules:
+            raise ShardingError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
+        keep = []
+        size = 1
+        for mesh_axis in _as_tuple(rules[name]):
+            if mesh is not None and mesh_axis not in mesh.shape:
+                raise ShardingError(f"rule {name!r} -> {mesh_axis!r}: not an axis of the mesh {dict(mesh.shape)}")
+            if mesh_axis in used:
+                continue
+            n = mesh.shape[mesh_axis] if mesh is not None else 1
+            if shape is not None and shape[dim] % (size * n):
+                continue  # does not divide: replicate over this mesh axis (see module docstring)
+            keep.append(mesh_axis)
+            size *= n
+        used.update(keep)
+        spec.append(None if not keep else keep[0] if len(keep) == 1 else tuple(keep))
+    return PartitionSpec(*spec)
+
+
+def variable_axes(var: nnx.Variable) -> tuple[str | None, ...] | None:
+    """The logical axis names stored in a Variable's metadata (None if it has none)."""
+    meta = var.get_metadata()
+    for key in _AXES_METADATA_KEYS:
+        if meta.get(key):
+            return tuple(meta[key])
+    return None
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def param_shardings(params_state: Any, mesh: Mesh, rules: Mapping[str, Any] | None = None) -> Any:
+    """Pytree of NamedSharding with the structure of `params_state`.
+
+    Works on any tree holding `nnx.Variable`s (params, or an optax state whose moments mirror
+    them, since optax keeps the Variable wrappers and their metadata); plain arrays and Variables
+    without axis names are replicated. Arrays may be concrete or `jax.ShapeDtypeStruct`.
+    """
+
+    def one(x):
+        if _is_var(x):
+            value = x.get_value() if hasattr(x, "get_value") else x.value
+            spec = logical_to_spec(variable_axes(x), rules, mesh, np.shape(value))
+            return x.replace(NamedSharding(mesh, spec))
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree.map(one, params_state, is_leaf=_is_var)
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, Any] | None = None) -> Any:
+    """Place `params` on the mesh according to their logical axes."""
+    return jax.device_put(params, param_shardings(params, mesh, rules))
+
+
+def data_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) dimension split over ('data', 'fsdp'); other dimensions replicated."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def maybe_init_distributed(cfg: Mapping[str, Any] | None) -> bool:
+    """Call `jax.distributed.initialize` when `cfg['enabled']`; return whether it is initialised.
+
+    cfg keys: enabled (bool), and optionally coordinator_address, num_processes, process_id,
+    local_device_ids. Missing ones are left to jax's auto-detection (SLURM, TPU pods).
+    Call before any other jax call that touches devices.
+    """
+    if cfg is None:
+        return False
+    cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)  # ml_collections or dict
+    if not cfg.get("enabled", False):
+        return False
+    known = ("enabled", "coordinator_address", "num_processes", "process_id", "local_device_ids")
+    unknown = sorted(set(cfg) - set(known))
+    if unknown:
+        raise ShardingError(f"distributed config: unknown key(s) {unknown}; allowed: {list(known)}")
+    if jax.distributed.is_initialized():
+        return True
+    kwargs = {k: cfg[k] for k in known[1:] if cfg.get(k) is not None}
+    jax.distributed.initialize(**kwargs)
+    return True
