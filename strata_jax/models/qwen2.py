@@ -1,0 +1,527 @@
+"""Qwen2 / Llama decoder in Flax NNX, with a functional KV cache.
+
+One module covers both families: they differ only in biases (Qwen2 has q/k/v biases), in the rope
+variant (Llama 3 frequency scaling) and in defaults, all read from the HF config.json dict.
+
+Shapes: B batch, T new tokens, S cache slots, D hidden, H query heads, K kv heads, G = H / K,
+Dh head dim, F mlp width, V vocab, L layers.
+
+Every `nnx.Param` carries logical axis names in its `out_sharding` metadata (the flax 0.12 name of
+the `sharding` metadata; see `param_logical_axes`). Variables are created with eager sharding off,
+so the model builds without a mesh; `strata_jax/sharding.py` maps the names to mesh axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_MASK_VALUE = -1e30  # finite: a fully masked (padding) query row gives a uniform softmax, not NaN
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The HF config names a model type or feature this decoder does not implement."""
+
+
+class ConfigError(ValueError):
+    """The HF config dict is missing a field or has an inconsistent value; the message names it."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Static description of a decoder; hashable so it can sit in a graphdef / static arg."""
+
+    arch: str  # "qwen2" | "llama"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    # ((key, value), ...) of the extra rope parameters (llama3: factor, low_freq_factor, ...).
+    rope_scaling: tuple = ()
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    bos_token_id: Any = None
+    eos_token_id: Any = None
+    pad_token_id: Any = None
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat: bool = False
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    @classmethod
+    def from_hf(cls, config: dict, dtype: str = "float32", param_dtype: str = "float32",
+                scan_layers: bool = False, remat: bool = False) -> "ModelConfig":
+        """Build from a transformers config.json dict (transformers 4 or 5 layout)."""
+        if not isinstance(config, dict):
+            raise ConfigError(f"ModelConfig.from_hf: expected a config.json dict, got {type(config).__name__}")
+        arch = config.get("model_type")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitectureError(
+                f"model_type {arch!r} (architectures={config.get('architectures')}) is not supported; "
+                f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+        if arch == "qwen2" and config.get("use_sliding_window", False):
+            raise UnsupportedArchitectureError("qwen2 with use_sliding_window=True is not supported")
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads"):
+            if key not in config:
+                raise ConfigError(f"config.json: missing required field {key!r}")
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedArchitectureError(f"hidden_act {act!r} is not supported; supported: ['silu']")
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        if head_dim % 2:
+            raise ConfigError(f"head_dim={head_dim} must be even for rotary embeddings")
+        theta, rope_type, scaling = _rope_from_hf(config)
+        attn_bias = bool(config.get("attention_bias", False))
+        return cls(
+            arch=arch,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=int(config["hidden_size"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=int(head_dim),
+            rope_theta=theta,
+            rope_type=rope_type,
+            rope_scaling=scaling,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases and no o bias; Llama follows attention_bias for all four.
+            qkv_bias=True if arch == "qwen2" else attn_bias,
+            o_bias=False if arch == "qwen2" else attn_bias,
+            mlp_bias=bool(config.get("mlp_bias", False)) if arch == "llama" else False,
+            max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
+            initializer_range=float(config.get("initializer_range", 0.02)),
+            bos_token_id=_hashable(config.get("bos_token_id")),
+            eos_token_id=_hashable(config.get("eos_token_id")),
+            pad_token_id=_hashable(config.get("pad_token_id")),
+            dtype=jnp.dtype(dtype).name,
+            param_dtype=jnp.dtype(param_dtype).name,
+            scan_layers=bool(scan_layers),
+            remat=bool(remat),
+        )
+
+    def to_hf(self) -> dict:
+        """The transformers 5 config.json dict for this model (used by export)."""
+        rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
+        out = {
+            "model_type": self.arch,
+            "architectures": ["Qwen2ForCausalLM" if self.arch == "qwen2" else "LlamaForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "initializer_range": self.initializer_range,
+            "rope_parameters": rope,
+            # transformers 4 readers look at these two keys.
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None if self.rope_type == "default" else rope,
+            "bos_token_id": _listify(self.bos_token_id),
+            "eos_token_id": _listify(self.eos_token_id),
+            "pad_token_id": _listify(self.pad_token_id),
+            "dtype": self.param_dtype,
+            "torch_dtype": self.param_dtype,
+            "use_cache": True,
+        }
+        if self.arch == "llama":
+            out.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+        else:
+            out.update(use_sliding_window=False, sliding_window=None)
+        return out
+
+
+def _hashable(x):
+    return tuple(x) if isinstance(x, list) else x
+
+
+def _listify(x):
+    return list(x) if isinstance(x, tuple) else x
+
+
+def _rope_from_hf(config: dict) -> tuple[float, str, tuple]:
+    """(theta, rope_type, extra params) from `rope_parameters` (transformers 5) or `rope_scaling`."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    params = dict(params)
+    theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedArchitectureError(
+            f"rope_type {rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}")
+    need = {"linear": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    for key in need.get(rope_type, ()):
+        if key not in params:
+            raise ConfigError(f"rope_type {rope_type!r} needs rope parameter {key!r}")
+    keep = need.get(rope_type, ())
+    return theta, rope_type, tuple(sorted((k, float(params[k])) for k in keep))
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotary embeddings
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """[Dh/2] f32 inverse frequencies, computed as transformers does (float32)."""
+    dh = cfg.head_dim
+    inv = 1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dh, 2, dtype=np.float32) / np.float32(dh)))
+    inv = inv.astype(np.float32)
+    p = dict(cfg.rope_scaling)
+    if cfg.rope_type == "linear":
+        inv = inv / np.float32(p["factor"])
+    elif cfg.rope_type == "llama3":
+        factor, lo, hi = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+        old_len = p["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / lo, old_len / hi
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """positions [B, T] -> cos, sin [B, T, Dh] f32 (the two halves repeated, HF convention)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, Dh/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, N, Dh] rotated by position (rotate-half layout, as in HF Qwen2/Llama)."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    xf = x.astype(jnp.float32)
+    out = xf * cos[:, :, None, :] + rot.astype(jnp.float32) * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+
+def _param(value: jax.Array, axes: tuple) -> nnx.Param:
+    """A Param tagged with logical axis names; no eager sharding (the model builds mesh-free)."""
+    assert len(axes) == value.ndim, (axes, value.shape)
+    return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+class Dense(nnx.Module):
+    """x[..., *in_shape] @ kernel[*in_shape, *out_shape] (+ bias[*out_shape])."""
+
+    def __init__(self, in_shape: tuple, out_shape: tuple, in_axes: tuple, out_axes: tuple,
+                 use_bias: bool, cfg: ModelConfig, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(cfg.initializer_range)
+        self.n_in = len(in_shape)
+        self.dtype = cfg.compute_dtype
+        self.kernel = _param(init(rngs.params(), (*in_shape, *out_shape), cfg.params_dtype),
+                             (*in_axes, *out_axes))
+        self.bias = _param(jnp.zeros(out_shape, cfg.params_dtype), out_axes) if use_bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k = self.kernel[...].astype(self.dtype)
+        y = jax.lax.dot_general(x.astype(self.dtype), k,
+                                ((tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))), ((), ())))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, cfg: ModelConfig):
+        self.eps = cfg.rms_norm_eps
+        self.dtype = cfg.compute_dtype
+        self.scale = _param(jnp.ones((dim,), cfg.params_dtype), (None,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Normalise in f32, cast back, then scale: the HF order (matters in bf16).
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * xf.astype(self.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = Dense((d,), (h, dh), ("embed",), ("heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
+        self.k_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
+        self.v_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
+        self.o_proj = Dense((h, dh), (d,), ("heads", "head_dim"), ("embed",), cfg.o_bias, cfg, rngs)
+
+    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
+        """x [B, T, D]; mask [B, T, S'] bool; caches [B, S, K, Dh] or None.
+
+        Returns (out [B, T, D], k_cache, v_cache) with the new keys/values written in.
+        """
+        cfg = self.cfg
+        q = apply_rope(self.q_proj(x), cos, sin)  # [B, T, H, Dh]
+        k = apply_rope(self.k_proj(x), cos, sin)  # [B, T, K, Dh]
+        v = self.v_proj(x)  # [B, T, K, Dh]
+        if k_cache is not None:
+            zero = jnp.zeros((), jnp.int32)
+            start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+            k, v = k_cache.astype(cfg.compute_dtype), v_cache.astype(cfg.compute_dtype)  # [B, S, K, Dh]
+        b, t, _, dh = q.shape
+        g = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, t, cfg.num_kv_heads, g, dh)  # head h = kv_head * G + g, as HF repeat_kv
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores / np.float32(math.sqrt(dh))
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, dh)
+        return self.o_proj(out), k_cache, v_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Dense((d,), (f,), ("embed",), ("mlp",), cfg.mlp_bias, cfg, rngs)
+        self.up_proj = Dense((d,), (f,), ("embed",), ("mlp",), cfg.mlp_bias, cfg, rngs)
+        self.down_proj = Dense((f,), (d,), ("mlp",), ("embed",), cfg.mlp_bias, cfg, rngs)
+
+    def __call__(self, x):  # [B, T, D]
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg)
+        self.self_attn = Attention(cfg, rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
+        a, k_cache, v_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache,
+                                             cache_index)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_cache, v_cache
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache and decoder
+
+
+@struct.dataclass
+class KVCache:
+    k: jax.Array  # [L, B, S, K, Dh]
+    v: jax.Array  # [L, B, S, K, Dh]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+
+class Embed(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(cfg.initializer_range)
+        self.dtype = cfg.compute_dtype
+        self.embedding = _param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), cfg.params_dtype),
+                                ("vocab", "embed"))
+
+    def __call__(self, tokens):  # [B, T] -> [B, T, D]
+        return jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+
+
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
+    """One Block whose params carry a leading [L] axis (logical name None), for lax.scan."""
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+    def create(r):
+        return Block(cfg, r)
+
+    return create(rngs)
+
+
+class Decoder(nnx.Module):
+    """Qwen2 / Llama causal decoder. See docs/CONTRACTS.md (Model) for the calling convention."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed_tokens = Embed(cfg, rngs)
+        if cfg.scan_layers:
+            self.layers = _stacked_blocks(cfg, rngs)
+        else:
+            self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg)
+        if not cfg.tie_word_embeddings:
+            init = nnx.initializers.normal(cfg.initializer_range)
+            self.lm_head = _param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), cfg.params_dtype),
+                                  ("embed", "vocab"))
+        else:
+            self.lm_head = None
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def __call__(self, tokens, positions, attention_mask, cache: KVCache | None = None,
+                 cache_index=None) -> tuple[jax.Array, KVCache | None]:
+        """tokens, positions [B, T] int; attention_mask [B, T] (no cache) or [B, S] (cache).
+
+        Returns (hidden [B, T, D] after the final norm, updated cache or None).
+        """
+        _check_inputs(tokens, positions, attention_mask, cache, cache_index)
+        cfg = self.cfg
+        x = self.embed_tokens(tokens)  # [B, T, D]
+        cos, sin = rope_cos_sin(positions, rope_inv_freq(cfg))  # [B, T, Dh]
+        mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
+        ks = cache.k if cache is not None else None
+        vs = cache.v if cache is not None else None
+        x, ks, vs = self._run_layers(x, cos, sin, mask, ks, vs, cache_index)
+        hidden = self.norm(x)
+        return hidden, (KVCache(k=ks, v=vs) if cache is not None else None)
+
+    def unembed_kernel(self) -> jax.Array:
+        """[D, V] output projection (tied: the embedding transposed)."""
+        if self.lm_head is None:
+            return self.embed_tokens.embedding[...].T
+        return self.lm_head[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[B, T, D] -> [B, T, V] f32. Materialises all logits: small models and tests only."""
+        return jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32),
+                          self.unembed_kernel().astype(jnp.float32))
+
+    def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
+        """Zeroed cache for `batch` rows and `capacity` slots, in `dtype` (default: compute dtype)."""
+        cfg = self.cfg
+        shape = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+        dt = jnp.dtype(dtype) if dtype is not None else cfg.compute_dtype
+        return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt))
+
+    # -- layers --------------------------------------------------------------------------------
+
+    def _run_layers(self, x, cos, sin, mask, ks, vs, cache_index):
+        cfg = self.cfg
+        has_cache = ks is not None
+
+        def apply(graphdef, state, x, k, v):
+            return nnx.merge(graphdef, state)(x, cos, sin, mask, k, v, cache_index)
+
+        if cfg.remat:
+            apply = jax.checkpoint(apply, static_argnums=(0,))
+
+        if cfg.scan_layers:
+            graphdef, state = nnx.split(self.layers)
+
+            def body(h, xs):
+                st, k, v = xs
+                h, k, v = apply(graphdef, st, h, k, v)
+                return h, (k, v)
+
+            xs = (state, ks, vs) if has_cache else (state, None, None)
+            x, (ks, vs) = jax.lax.scan(body, x, xs)
+            return x, ks, vs
+
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            graphdef, state = nnx.split(layer)
+            x, k, v = apply(graphdef, state, x, ks[i] if has_cache else None, vs[i] if has_cache else None)
+            new_k.append(k)
+            new_v.append(v)
+        if has_cache:
+            return x, jnp.stack(new_k), jnp.stack(new_v)
+        return x, None, None
+
+
+def _check_inputs(tokens, positions, attention_mask, cache, cache_index):
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens: expected [B, T], got shape {tokens.shape}")
+    if positions.shape != tokens.shape:
+        raise ValueError(f"positions: expected shape {tokens.shape} like tokens, got {positions.shape}")
+    b, t = tokens.shape
+    if cache is None:
+        if attention_mask.shape != (b, t):
+            raise ValueError(f"attention_mask: expected [B, T]={(b, t)} without a cache, got {attention_mask.shape}")
+        if cache_index is not None:
+            raise ValueError("cache_index given without a cache")
+    else:
+        s = cache.k.shape[2]
+        if attention_mask.shape != (b, s):
+            raise ValueError(f"attention_mask: expected [B, S]={(b, s)} with a cache of capacity {s}, "
+                             f"got {attention_mask.shape}")
+        if cache_index is None:
+            raise ValueError("a cache needs cache_index (the slot of the first new token)")
+        if cache.k.shape[1] != b:
+            raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}")
+
+
+def _attention_mask(attention_mask, t: int, cache_index) -> jax.Array:
+    """[B, T, S'] bool: query i sees key j iff the key is valid and causal."""
+    valid = attention_mask.astype(bool)  # [B, S']
+    s = valid.shape[1]
+    q_pos = jnp.arange(t)[:, None]  # [T, 1]
+    if cache_index is not None:
+        q_pos = q_pos + jnp.asarray(cache_index, jnp.int32)
+    causal = jnp.arange(s)[None, :] <= q_pos  # [T, S']
+    return valid[:, None, :] & causal[None]
+
+
+# ----------------------------------------------------------------------------------------------
+# Logical axes
+
+
+def _axes_of(var: nnx.Variable):
+    meta = var.get_metadata()
+    for key in ("out_sharding", "sharding", "sharding_names"):
+        if key in meta and meta[key] is not None:
+            return tuple(meta[key])
+    return (None,) * var[...].ndim if hasattr(var, "__getitem__") else None
+
+
+def param_logical_axes(model_or_state) -> Any:
+    """Logical axis tuples (e.g. ('embed', 'heads', 'head_dim')) as a pytree like nnx.state(model, nnx.Param).
+
+    The leaves are plain tuples wrapped as `jax.tree_util` leaves under the same State paths, so
+    `jax.tree.map(rule_fn, param_logical_axes(m), is_leaf=lambda x: isinstance(x, tuple))` works.
+    """
+    state = model_or_state
+    if isinstance(model_or_state, nnx.Module):
+        state = nnx.state(model_or_state, nnx.Param)
+    return jax.tree.map(_axes_of, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
