@@ -1,0 +1,94 @@
+"""Prompt builders: the strategy prompt, the non-cumulative step prompt, the self-judgment prompt.
+
+Each returns a list of chat messages ([{"role": "user", "content": ...}]); rendering with a
+tokenizer's chat template happens in the policy (`rollout.policy.render`). One user message and
+no system message, so any chat template (including ones without a system role) accepts it.
+
+Step prompts are non-cumulative (ALGORITHMS 3.1): the current observation, the task line, the
+admissible actions and at most `history_length` recent steps, with the strategy z prepended. The
+prompt length therefore stays bounded however long the episode runs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+Messages = list[dict[str, str]]
+
+HISTORY_OBS_CHARS = 300  # recent steps are context, not the state: keep them short
+OBS_CHARS = 4000  # bound on the current observation (ALFWorld's are well under this)
+STRATEGY_WORDS = 60  # the plan length the strategy prompt asks for
+INTRO = "You are an agent in a text-based household environment."
+
+
+def _user(text: str) -> Messages:
+    return [{"role": "user", "content": text}]
+
+
+def _clip(text: str, n: int) -> str:
+    """Whitespace-collapsed text cut to n characters (with an ellipsis when cut)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: max(n - 3, 0)] + "..."
+
+
+def _shown_action(action: str) -> str:
+    # An invalid output is sent as "" (the no-op); say so rather than showing an empty string.
+    return action if action else "(no valid action)"
+
+
+def strategy_prompt(task: str, observation: str, max_words: int = STRATEGY_WORDS,
+                    intro: str = INTRO) -> Messages:
+    """Ask for a short global plan for the episode, inside <strategy>...</strategy>."""
+    return _user(
+        f"{intro}\n"
+        f"Your task is to: {task}\n"
+        f"Initial observation: {_clip(observation, OBS_CHARS)}\n\n"
+        "Before acting, write a short, high-level strategy for the whole episode: which places to "
+        "search, in what order, and which sub-goals to complete. "
+        f"Use at most {max_words} words and no actions list.\n"
+        "Answer with the strategy inside <strategy>...</strategy>."
+    )
+
+
+def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
+                history: Sequence[tuple[str, str]] = (), strategy: str | None = None,
+                step: int = 0, history_length: int = 2, intro: str = INTRO) -> Messages:
+    """The prompt for step `step` (0-based): task, strategy, recent steps, observation, actions.
+
+    `history` is the list of (observation, action) pairs of the steps taken so far, oldest first;
+    only the last `history_length` are shown.
+    """
+    lines = [intro, f"Your task is to: {task}"]
+    if strategy:
+        lines.append(f"Your strategy for this episode: {strategy}")
+    recent = list(history)[-history_length:] if history_length > 0 else []
+    if recent:
+        first = step - len(recent)
+        lines.append(f"Your last {len(recent)} step(s):")
+        for i, (obs, act) in enumerate(recent):
+            lines.append(f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} "
+                         f"Action: {_shown_action(act)}")
+    lines.append(f"Current observation (step {step + 1}): {_clip(observation, OBS_CHARS)}")
+    if admissible is not None:
+        lines.append("Admissible actions: " + ", ".join(f"'{a}'" for a in admissible))
+    about = "the current situation and your strategy" if strategy else "the current situation"
+    lines.append(f"First reason about {about} inside <think>...</think>, "
+                 "then give exactly one admissible action inside <action>...</action>.")
+    return _user("\n".join(lines))
+
+
+def judge_prompt(task: str, strategy: str | None, steps: Sequence[tuple[str, str]],
+                 excerpt_chars: int = 150) -> Messages:
+    """Self-judgment (ALGORITHMS 3.4): list the steps that neither follow z nor advance the task."""
+    lines = [f"An agent worked on this task: {task}"]
+    lines.append(f"It followed this strategy: {strategy}" if strategy
+                 else "It had no explicit strategy.")
+    lines.append("Its steps (observation before the step, then the action taken):")
+    for i, (obs, act) in enumerate(steps):
+        lines.append(f"{i + 1}. Observation: {_clip(obs, excerpt_chars)} | "
+                     f"Action: {_shown_action(act)}")
+    lines.append(
+        "Which steps neither follow the strategy nor advance the task? "
+        "List their numbers inside <bad_steps>...</bad_steps>, for example "
+        "<bad_steps>2, 5</bad_steps>, or <bad_steps>none</bad_steps> if every step was useful.")
+    return _user("\n".join(lines))

@@ -1,0 +1,78 @@
+"""Prompt builders: what each prompt must and must not contain, and chat-template rendering."""
+
+import pytest
+
+from rollout.parsing import parse_action, parse_bad_steps, parse_strategy
+from rollout.policy import render
+from rollout.prompts import judge_prompt, step_prompt, strategy_prompt
+
+HIST = [("obs one", "go to desk 1"), ("obs two", "open drawer 1"), ("obs three", ""),
+        ("obs four", "take pen 1 from drawer 1")]
+
+
+def _content(msgs):
+    assert isinstance(msgs, list) and all(set(m) == {"role", "content"} for m in msgs)
+    assert msgs[-1]["role"] == "user"
+    return "\n".join(m["content"] for m in msgs)
+
+
+def test_step_prompt_is_non_cumulative_and_complete():
+    text = _content(step_prompt("put a pen in drawer", "You see a pen 1.", ["look", "go to desk 1"],
+                                history=HIST, strategy="search desks first", step=4,
+                                history_length=2))
+    assert "Your task is to: put a pen in drawer" in text
+    assert "Your strategy for this episode: search desks first" in text
+    # only the last two steps, numbered by their position in the episode
+    assert "obs one" not in text and "obs two" not in text
+    assert "[Step 3] Observation: obs three Action: (no valid action)" in text
+    assert "[Step 4] Observation: obs four Action: take pen 1 from drawer 1" in text
+    assert "Current observation (step 5): You see a pen 1." in text
+    assert "Admissible actions: 'look', 'go to desk 1'" in text
+    assert "<think>...</think>" in text and "<action>...</action>" in text
+
+
+def test_step_prompt_without_strategy_or_history():
+    text = _content(step_prompt("t", "o", ["look"], history=HIST, strategy=None, history_length=0))
+    assert "strategy" not in text.lower()
+    assert "obs four" not in text and "Your last" not in text
+
+
+def test_strategy_prompt():
+    text = _content(strategy_prompt("cool an apple", "You are in a kitchen.", max_words=30))
+    assert "cool an apple" in text and "You are in a kitchen." in text
+    assert "<strategy>...</strategy>" in text and "30 words" in text
+
+
+def test_judge_prompt_numbers_steps_with_excerpts():
+    long_obs = "word " * 100
+    text = _content(judge_prompt("find pen", "search desks", [(long_obs, "look"), ("b", "")],
+                                 excerpt_chars=20))
+    assert "find pen" in text and "search desks" in text
+    assert "1. Observation: " + ("word " * 3) in text and "| Action: look" in text
+    assert "word " * 10 not in text  # the observation is cut to an excerpt
+    assert "2. Observation: b | Action: (no valid action)" in text
+    assert "<bad_steps>2, 5</bad_steps>" in text and "<bad_steps>none</bad_steps>" in text
+
+
+def test_prompt_examples_parse_with_the_parsers():
+    # the formats the prompts ask for are exactly what the parsers accept
+    assert parse_action("<think>x</think><action>look</action>", ["look"]).valid
+    assert parse_strategy("<strategy>search desks</strategy>") == ("search desks", False)
+    assert parse_bad_steps("<bad_steps>2, 5</bad_steps>", 5) == ({2, 5}, True)
+
+
+def _chat_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=template, unk_token="[UNK]")
+
+
+def test_render_applies_chat_template_with_generation_prompt():
+    msgs = step_prompt("t", "o", ["look"])
+    out = render(msgs, _chat_tokenizer())
+    assert out == f"<|im_start|>user\n{msgs[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
