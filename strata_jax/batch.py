@@ -143,3 +143,41 @@ def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: Toke
     a = jnp.where(is_strat, a_str, a_step) * tokens.row_valid  # [S]
     adv = jnp.where(tokens.loss_mask, a[:, None], 0.0).astype(jnp.float32)  # [S, L]
     return tokens.replace(advantage=adv)
+
+
+def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_rows: int,
+                   pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Pack rows of (prompt, response) into left-padded host arrays for a TokenBatch.
+
+    Row s is `[pad] * k + prompt + response` with k chosen so it ends at `length`; `old_logp[s, i]`
+    is the response log-prob of `tokens[s, i]`, 0 on prompt and padding. Rows past the inputs are
+    padding (`row_valid` False). A row longer than `length`, or more rows than `num_rows`, raises:
+    truncating would silently change what the model was conditioned on.
+    Returns tokens [R, L] i32, attention_mask / loss_mask [R, L] bool, old_logp [R, L] f32,
+    row_valid [R] bool (R = num_rows, L = length).
+    """
+    rows = len(prompt_ids)
+    if not rows == len(response_ids) == len(response_logp):
+        raise ValueError(f"pad_token_rows: {len(prompt_ids)} prompts, {len(response_ids)} responses, "
+                         f"{len(response_logp)} logp rows")
+    if rows > num_rows:
+        raise ValueError(f"pad_token_rows: {rows} rows do not fit num_rows={num_rows}")
+    tokens = np.full((num_rows, length), pad_id, np.int32)
+    attn = np.zeros((num_rows, length), bool)
+    loss = np.zeros((num_rows, length), bool)
+    logp = np.zeros((num_rows, length), np.float32)
+    for s, (pr, rs, lp) in enumerate(zip(prompt_ids, response_ids, response_logp)):
+        lp_, lr = len(pr), len(rs)
+        if len(lp) != lr:
+            raise ValueError(f"pad_token_rows: row {s} has {lr} response tokens but {len(lp)} logp")
+        if lp_ + lr > length:
+            raise ValueError(f"pad_token_rows: row {s} has {lp_ + lr} tokens > length={length}")
+        start = length - lp_ - lr
+        tokens[s, start:start + lp_] = pr
+        tokens[s, length - lr:] = rs
+        attn[s, start:] = True
+        loss[s, length - lr:] = True
+        logp[s, length - lr:] = lp
+    row_valid = np.arange(num_rows) < rows
+    return {"tokens": tokens, "attention_mask": attn, "loss_mask": loss, "old_logp": logp,
+            "row_valid": row_valid}

@@ -1,0 +1,534 @@
+"""The hierarchical rollout loop: strategies -> batched env steps -> self-judgment -> batches.
+
+One iteration over `P` tasks (ALGORITHMS 0, 3.1-3.4):
+
+1. reset P*N*M environments, trajectory (p, n, m) on env index ((p*N)+n)*M+m, task seed tasks[p];
+2. StraTA: one policy call samples sigma*N strategy candidates per task, N are kept by
+   farthest-point selection on their embeddings (or the first N); flat mode has no strategy;
+3. every step, the prompts of all running envs go to the policy in ONE call; outputs are parsed,
+   invalid ones are sent as "" (the env's no-op) and marked invalid;
+4. self-judgment: one policy call over all finished trajectories (rollout/judge.py);
+5. TrajectoryBatch [P, N, M, H] + TokenBatch (one row per trained LLM call).
+
+A crashed environment never stops the run: its trajectory keeps its slot with step_mask all False
+(masked out of every loss and statistic) and is counted in stats["crashed"].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from rollout import judge as judge_mod
+from rollout import prompts
+from rollout.parsing import INVALID_REASONS, parse_action, parse_strategy
+from rollout.policy import Generation, Policy
+from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows
+
+MODES = ("strata", "flat")
+
+
+# --- configuration --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    mode: str = "strata"  # "strata": N strategies x M trajectories; "flat": N=1, M=group_size
+    group_size: int = 8  # G (flat)
+    num_strategies: int = 4  # N (strata)
+    traj_per_strategy: int = 8  # M (strata)
+    oversample: int = 8  # sigma: sigma*N candidates per task
+    diverse: bool = True  # farthest-point selection; False = the first N candidates
+    judgment: bool = True
+    judge_train: bool = False  # not wired: raises
+    revise_every: int = 0  # not wired: raises (see validate)
+    max_steps: int = 30  # H
+    history_length: int = 2
+    r_succ: float = 10.0
+    env_reward_in_return: bool = False  # add the env's own shaping to R(tau)
+    strategy_budget: int | None = 64  # L_z: z is cut to this many words in step prompts
+    judge_excerpt_chars: int = 150
+    length_buckets: tuple[int, ...] | None = None  # token-row lengths; None = powers of two
+    row_multiple: int = 8  # TokenBatch rows are padded to a multiple of this
+    pad_id: int = 0
+    intro: str = prompts.INTRO
+    progress: bool = True
+
+    @property
+    def n(self) -> int:
+        return self.num_strategies if self.mode == "strata" else 1
+
+    @property
+    def m(self) -> int:
+        return self.traj_per_strategy if self.mode == "strata" else self.group_size
+
+    def validate(self) -> "RolloutConfig":
+        if self.mode not in MODES:
+            raise ValueError(f"RolloutConfig.mode={self.mode!r}; choose one of {MODES}")
+        for name in ("group_size", "num_strategies", "traj_per_strategy", "oversample",
+                     "max_steps", "row_multiple"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.judge_train:
+            raise NotImplementedError(
+                "judge_train=True: training the self-judgment tokens is not wired (no advantage is "
+                "defined for judgment rows, and TokenBatch.row_index has no code for them)")
+        if self.revise_every:
+            raise NotImplementedError(
+                "revise_every > 0: strategy revision is not wired. Each revision is a strategy "
+                "sample of a single trajectory suffix that would join its task's strategy group, "
+                "but strategy arrays are [P, N] with strategy n owning trajectories [P, n, :, :]; "
+                "a revision needs its own strategy slot with its own trajectory mapping, which "
+                "TrajectoryBatch / gather_advantages do not represent")
+        return self
+
+    @classmethod
+    def from_config(cls, c: Any, eval_mode: bool = False) -> "RolloutConfig":
+        """From the ml_collections run config (configs/base.py)."""
+        strata = c.algo.name.startswith("strata")
+        intro = (prompts.INTRO if c.env.name != "scienceworld"
+                 else "You are an agent in a text-based science experiment environment.")
+        return cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
+                   num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
+                   oversample=c.algo.oversample, diverse=c.algo.diverse,
+                   judgment=c.algo.judgment and not eval_mode, judge_train=c.algo.judge_train,
+                   revise_every=c.algo.revise_every, max_steps=c.env.max_steps,
+                   history_length=c.env.history_length, r_succ=c.algo.r_succ,
+                   strategy_budget=c.algo.strategy_budget,
+                   length_buckets=tuple(c.train.length_buckets),
+                   row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
+
+
+@dataclass
+class RolloutResult:
+    traj: TrajectoryBatch
+    tokens: TokenBatch
+    stats: dict[str, float]
+    texts: dict[str, Any]  # for logging: strategies, candidates, per-trajectory steps, judgments
+
+
+# --- hashing --------------------------------------------------------------------------------------
+
+def text_id(text: str) -> int:
+    """Stable non-negative 63-bit id of a text (blake2b, unlike Python's per-process salted hash)."""
+    d = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(d, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+# --- environments ---------------------------------------------------------------------------------
+
+@dataclass
+class EnvOut:
+    """One environment's answer to reset (reward etc. unused) or step, or a crash."""
+
+    obs: str = ""
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict = field(default_factory=dict)
+    crashed: bool = False
+    error: str = ""
+
+
+class ListPool:
+    """Serial in-process pool over a list of TextEnvs; an exception in an env is a crash record."""
+
+    def __init__(self, envs: Sequence[Any]):
+        self.envs = list(envs)
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def reset(self, env_indices, seeds):
+        return [self._call(i, "reset", seed=int(s)) for i, s in zip(env_indices, seeds)]
+
+    def step(self, env_indices, actions):
+        return [self._call(i, "step", a) for i, a in zip(env_indices, actions)]
+
+    def _call(self, i, method, *args, **kw):
+        try:
+            return getattr(self.envs[i], method)(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - any env failure is a crash of that trajectory
+            return EnvOut(crashed=True, error=f"{type(e).__name__}: {e}")
+
+
+def as_pool(envs: Any) -> Any:
+    """A list of envs becomes a ListPool; anything with batched reset/step is used as is."""
+    return ListPool(envs) if isinstance(envs, (list, tuple)) else envs
+
+
+def _num_envs(pool: Any) -> int:
+    for name in ("num_envs", "num_workers_envs", "size"):
+        if hasattr(pool, name):
+            return int(getattr(pool, name))
+    return len(pool)
+
+
+def _to_out(r: Any, is_reset: bool) -> EnvOut:
+    """Normalise a pool result (gym tuple or crash record) to EnvOut."""
+    if isinstance(r, EnvOut):
+        return r
+    if getattr(r, "crashed", False):
+        return EnvOut(crashed=True, error=str(getattr(r, "error", "")))
+    if is_reset:
+        obs, info = r
+        return EnvOut(obs=str(obs), info=dict(info))
+    obs, reward, terminated, truncated, info = r
+    return EnvOut(str(obs), float(reward), bool(terminated), bool(truncated), dict(info))
+
+
+# --- per-iteration state --------------------------------------------------------------------------
+
+class _State:
+    """Host-side record of one iteration; step arrays are [E, H] with E = P*N*M, e = (p*N+n)*M+m."""
+
+    def __init__(self, tasks: Sequence[int], cfg: RolloutConfig):
+        self.P, self.N, self.M, self.H = len(tasks), cfg.n, cfg.m, cfg.max_steps
+        E, H = self.P * self.N * self.M, self.H
+        self.E, self.tasks = E, [int(s) for s in tasks]
+        z = lambda dt: np.zeros((E, H), dt)  # noqa: E731
+        self.step_mask, self.invalid, self.milestone = z(bool), z(bool), z(bool)
+        self.judged_bad, self.env_reward = z(bool), z(np.float32)
+        self.anchor_id, self.action_id = np.full((E, H), -1, np.int64), np.full((E, H), -1, np.int64)
+        self.won, self.crashed = np.zeros(E, bool), np.zeros(E, bool)
+        self.alive, self.length = np.zeros(E, bool), np.zeros(E, np.int64)
+        self.obs: list[str] = [""] * E
+        self.admissible: list[list[str] | None] = [None] * E
+        self.history: list[list[tuple[str, str]]] = [[] for _ in range(E)]
+        self.gens: list[list[Generation]] = [[] for _ in range(E)]
+        self.logs: list[list[dict]] = [[] for _ in range(E)]
+        self.errors: list[str] = [""] * E
+        # per task / per strategy
+        self.task_line: list[str] = [""] * self.P
+        self.first_obs: list[str | None] = [None] * self.P
+        self.horizon = np.full(self.P, -1, np.int32)
+        self.z: list[list[str | None]] = [[None] * self.N for _ in range(self.P)]
+        self.z_gen: list[list[Generation | None]] = [[None] * self.N for _ in range(self.P)]
+        self.z_malformed = np.zeros((self.P, self.N), bool)
+        self.z_kept = np.zeros((self.P, self.N), bool)
+        self.candidates: list[list[str]] = [[] for _ in range(self.P)]
+        self.judge_texts: dict[tuple[int, int, int], str] = {}
+        self.policy_s = self.env_s = 0.0
+        self.sampled_tokens = 0
+
+    def pnm(self, e: int) -> tuple[int, int, int]:
+        p, r = divmod(e, self.N * self.M)
+        return (p, *divmod(r, self.M))
+
+    def masked(self) -> np.ndarray:
+        """[E] bool: trajectory is out of the batch (crashed, or never ran)."""
+        return self.crashed | ~self.step_mask.any(axis=1)
+
+
+def _generate(policy: Policy, st: _State, prompts_: list, kind: str, keys: list) -> list[Generation]:
+    """One timed, checked policy call."""
+    t0 = time.perf_counter()
+    gens = policy.generate(prompts_, kind, keys=keys)
+    st.policy_s += time.perf_counter() - t0
+    if len(gens) != len(prompts_):
+        raise ValueError(f"policy returned {len(gens)} generations for {len(prompts_)} {kind} prompts")
+    for g in gens:
+        g.check()
+        st.sampled_tokens += len(g.response_ids)
+    return gens
+
+
+def _env_call(st: _State, fn, *args) -> list[EnvOut]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    st.env_s += time.perf_counter() - t0
+    return out
+
+
+# --- phases ---------------------------------------------------------------------------------------
+
+def _reset(pool: Any, st: _State) -> None:
+    seeds = [st.tasks[st.pnm(e)[0]] for e in range(st.E)]
+    outs = _env_call(st, pool.reset, list(range(st.E)), seeds)
+    for e, r in enumerate(outs):
+        r = _to_out(r, is_reset=True)
+        p = st.pnm(e)[0]
+        if r.crashed:
+            st.crashed[e], st.errors[e] = True, r.error
+            continue
+        st.alive[e], st.obs[e] = True, r.obs
+        st.admissible[e] = r.info.get("admissible_commands")
+        if st.first_obs[p] is None:  # every env of a task resets to the same task (seed contract)
+            st.first_obs[p], st.task_line[p] = r.obs, str(r.info.get("task", ""))
+            st.horizon[p] = int(r.info.get("horizon", -1))
+
+
+def _strategies(policy: Policy, st: _State, cfg: RolloutConfig) -> None:
+    """Sample sigma*N candidates per task in one call; keep N (farthest-point or first N)."""
+    K = cfg.oversample * st.N
+    live = [p for p in range(st.P) if st.first_obs[p] is not None]
+    keys = [(p, k) for p in live for k in range(K)]
+    msgs = [prompts.strategy_prompt(st.task_line[p], st.first_obs[p], intro=cfg.intro)
+            for p, _ in keys]
+    gens = _generate(policy, st, msgs, "strategy", keys) if keys else []
+    by_key = dict(zip(keys, gens))
+    emb, cand, score = _candidate_arrays(st, by_key, K, cfg.diverse)
+    idx, kept = select_strategies(emb, cand, score, st.N, cfg.diverse)
+    for p in range(st.P):
+        st.candidates[p] = [by_key[(p, k)].text for k in range(K) if (p, k) in by_key]
+        for n in range(st.N):
+            if not kept[p, n]:
+                continue
+            g = by_key[(p, int(idx[p, n]))]
+            st.z[p][n], st.z_malformed[p, n] = parse_strategy(g.text, cfg.strategy_budget)
+            st.z_gen[p][n], st.z_kept[p, n] = g, True
+    # Trajectories of a strategy slot that has no strategy never run (counted as "unrun").
+    slot_kept = np.repeat(st.z_kept.reshape(-1), st.M)
+    st.alive &= slot_kept
+
+
+def _candidate_arrays(st: _State, by_key: dict, K: int, diverse: bool):
+    """embeddings [P, K, D], candidate mask [P, K], start scores [P, K] (mean token log-prob)."""
+    dim = 1
+    for g in by_key.values():
+        if g.embedding is None:
+            if diverse:
+                raise ValueError("diverse strategy selection needs Generation.embedding; the policy "
+                                 "returned None (set diverse=False or enable embeddings)")
+        else:
+            dim = len(g.embedding)
+            break
+    emb = np.zeros((st.P, K, dim), np.float32)
+    cand = np.zeros((st.P, K), bool)
+    score = np.full((st.P, K), -np.inf, np.float32)
+    for (p, k), g in by_key.items():
+        cand[p, k] = True
+        if g.embedding is not None:
+            emb[p, k] = g.embedding
+        if len(g.logprobs):  # an empty response has no mean; it is never the starting point
+            score[p, k] = float(np.mean(g.logprobs))
+    return emb, cand, score
+
+
+def select_strategies(emb: np.ndarray, cand: np.ndarray, score: np.ndarray, n: int,
+                      diverse: bool) -> tuple[np.ndarray, np.ndarray]:
+    """indices [P, n] into the K candidates and kept [P, n] (ALGORITHMS 3.2)."""
+    from strata_jax import diversity
+
+    if diverse:
+        idx, kept = diversity.farthest_point(emb, cand, score, n)
+    else:
+        idx, kept = diversity.first_n(cand, n)
+    return np.asarray(idx), np.asarray(kept)
+
+
+def _step_prompt(st: _State, e: int, t: int, cfg: RolloutConfig):
+    p, n, _ = st.pnm(e)
+    return prompts.step_prompt(st.task_line[p], st.obs[e], st.admissible[e], st.history[e],
+                               strategy=st.z[p][n], step=t, history_length=cfg.history_length,
+                               intro=cfg.intro)
+
+
+def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> None:
+    bar = tqdm(total=st.H, desc="rollout steps", disable=not cfg.progress, leave=False)
+    for t in range(st.H):
+        active = np.flatnonzero(st.alive).tolist()
+        if not active:
+            break
+        bar.set_postfix(active=len(active))
+        msgs = [_step_prompt(st, e, t, cfg) for e in active]
+        gens = _generate(policy, st, msgs, "action", [(*st.pnm(e), t) for e in active])
+        parsed = [parse_action(g.text, st.admissible[e]) for e, g in zip(active, gens)]
+        outs = _env_call(st, pool.step, active, [pa.action for pa in parsed])
+        for e, g, pa, r in zip(active, gens, parsed, outs):
+            _record_step(st, e, t, g, pa, _to_out(r, is_reset=False))
+        bar.update(1)
+    bar.close()
+    st.alive[:] = False
+
+
+def _record_step(st: _State, e: int, t: int, g: Generation, pa, r: EnvOut) -> None:
+    st.gens[e].append(g)
+    st.logs[e].append({"obs": st.obs[e], "output": g.text, "action": pa.action, "reason": pa.reason})
+    if r.crashed:
+        st.crashed[e], st.alive[e], st.errors[e] = True, False, r.error
+        return
+    st.step_mask[e, t], st.invalid[e, t] = True, not pa.valid
+    st.anchor_id[e, t] = text_id(st.obs[e])
+    st.action_id[e, t] = text_id(pa.action) if pa.valid else -1  # an invalid output has no action
+    st.env_reward[e, t] = r.reward
+    st.milestone[e, t] = bool(r.info.get("milestone", False))
+    st.won[e] = bool(r.info.get("won", False))
+    st.length[e] = t + 1
+    st.history[e].append((st.obs[e], pa.action))
+    st.obs[e] = r.obs
+    st.admissible[e] = r.info.get("admissible_commands", st.admissible[e])
+    if r.terminated or r.truncated:
+        st.alive[e] = False
+
+
+def _judge(policy: Policy, st: _State, cfg: RolloutConfig) -> dict[str, float]:
+    done = np.flatnonzero(~st.masked()).tolist()
+    items = []
+    for e in done:
+        p, n, m = st.pnm(e)
+        items.append(judge_mod.JudgeItem(key=(p, n, m), task=st.task_line[p], strategy=st.z[p][n],
+                                         steps=st.history[e]))
+    msgs = judge_mod.judge_prompts(items, cfg.judge_excerpt_chars)
+    gens = _generate(policy, st, msgs, "judge", [it.key for it in items]) if items else []
+    verdicts = judge_mod.verdicts(items, gens)
+    fails = 0
+    for e, it, v in zip(done, items, verdicts):
+        st.judge_texts[it.key] = v.text
+        fails += not v.ok
+        for k in v.bad:
+            st.judged_bad[e, k - 1] = True
+    return {"judge_calls": float(len(items)), "judge_parse_fail": float(fails),
+            "judge_parse_fail_rate": fails / max(len(items), 1),
+            "judged_bad_steps": float(st.judged_bad.sum())}
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+def bucket(n: int, buckets: Sequence[int] | None, minimum: int = 16) -> int:
+    """Smallest configured bucket >= n (None: the next power of two >= max(n, minimum))."""
+    if buckets is None:
+        return 1 << (max(int(n), minimum, 1) - 1).bit_length()
+    for b in sorted(buckets):
+        if b >= n:
+            return int(b)
+    raise ValueError(f"a token row of {n} tokens exceeds the largest length bucket {max(buckets)}; "
+                     "raise train.length_buckets or shorten prompts / token budgets")
+
+
+def _traj_batch(st: _State, cfg: RolloutConfig) -> TrajectoryBatch:
+    masked = st.masked()
+    keep = ~masked[:, None]
+    shape = (st.P, st.N, st.M, st.H)
+    step = lambda a: np.where(keep, a, np.zeros_like(a)).reshape(shape)  # noqa: E731
+    ids = lambda a: np.where(keep, a, -1).reshape(shape)  # noqa: E731
+    won = st.won & ~masked
+    ret = cfg.r_succ * won
+    if cfg.env_reward_in_return:
+        ret = ret + np.where(keep, st.env_reward, 0).sum(axis=1)
+    strategy_len = np.zeros((st.P, st.N), np.int32)
+    for p in range(st.P):
+        for n in range(st.N):
+            g = st.z_gen[p][n]
+            strategy_len[p, n] = 0 if g is None else len(g.response_ids)
+    return TrajectoryBatch.from_numpy(
+        step_mask=step(st.step_mask), won=won.reshape(shape[:3]),
+        episode_return=ret.astype(np.float32).reshape(shape[:3]),
+        env_reward=step(st.env_reward), invalid=step(st.invalid), milestone=step(st.milestone),
+        judged_bad=step(st.judged_bad), anchor_id=ids(st.anchor_id), action_id=ids(st.action_id),
+        strategy_mask=_strategy_mask(st), strategy_len=strategy_len,
+        strategy_malformed=st.z_malformed & _strategy_mask(st), horizon=st.horizon)
+
+
+def _strategy_mask(st: _State) -> np.ndarray:
+    """[P, N]: a kept strategy with at least one trajectory in the batch."""
+    has_traj = (~st.masked()).reshape(st.P, st.N, st.M).any(axis=-1)
+    return st.z_kept & has_traj
+
+
+def _token_rows(st: _State) -> list[tuple[Generation, tuple[int, int, int, int]]]:
+    """Every trained LLM call: kept strategies (t = -1), then every step of every batch trajectory."""
+    rows = []
+    smask = _strategy_mask(st)
+    for p, n in zip(*np.nonzero(smask)):
+        rows.append((st.z_gen[p][n], (int(p), int(n), 0, -1)))
+    masked = st.masked()
+    for e in range(st.E):
+        if masked[e]:
+            continue
+        p, n, m = st.pnm(e)
+        rows += [(g, (p, n, m, t)) for t, g in enumerate(st.gens[e][: st.length[e]])]
+    return rows
+
+
+def _token_batch(st: _State, cfg: RolloutConfig) -> TokenBatch:
+    rows = _token_rows(st)
+    longest = max((len(g.prompt_ids) + len(g.response_ids) for g, _ in rows), default=1)
+    length = bucket(longest, cfg.length_buckets)
+    num_rows = max(-(-len(rows) // cfg.row_multiple), 1) * cfg.row_multiple
+    packed = pad_token_rows([g.prompt_ids for g, _ in rows], [g.response_ids for g, _ in rows],
+                            [g.logprobs for g, _ in rows], length, num_rows, cfg.pad_id)
+    row_index = np.zeros((num_rows, 4), np.int32)
+    row_index[: len(rows)] = [idx for _, idx in rows] if rows else np.zeros((0, 4), np.int32)
+    zeros = np.zeros((num_rows, length), np.float32)
+    return TokenBatch(tokens=packed["tokens"], attention_mask=packed["attention_mask"],
+                      loss_mask=packed["loss_mask"], old_logp=packed["old_logp"],
+                      ref_logp=zeros, advantage=zeros.copy(), row_index=row_index,
+                      row_valid=packed["row_valid"])
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+def collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig) -> RolloutResult:
+    """One rollout iteration over `tasks` (P task seeds). See the module docstring.
+
+    `envs`: a pool with batched `reset(env_indices, seeds)` / `step(env_indices, actions)` and at
+    least P*N*M envs, or a list of TextEnvs (run serially in-process).
+    TokenBatch arrays are host numpy (the trainer places them with its shardings); ref_logp and
+    advantage are zeros for the trainer to fill.
+    """
+    cfg.validate()
+    t0 = time.perf_counter()
+    pool = as_pool(envs)
+    st = _State(tasks, cfg)
+    if _num_envs(pool) < st.E:
+        raise ValueError(f"the pool has {_num_envs(pool)} envs; P*N*M = {st.P}*{st.N}*{st.M} = {st.E} needed")
+    _reset(pool, st)
+    if cfg.mode == "strata":
+        _strategies(policy, st, cfg)
+    _run_steps(pool, policy, st, cfg)
+    stats = _judge(policy, st, cfg) if cfg.judgment else {}
+    t_build = time.perf_counter()
+    traj, tokens = _traj_batch(st, cfg), _token_batch(st, cfg)
+    build_s = time.perf_counter() - t_build
+    stats.update(_stats(st, tokens))
+    total = time.perf_counter() - t0
+    stats.update(time_s=total, policy_time_s=st.policy_s, env_time_s=st.env_s, build_time_s=build_s,
+                 non_policy_share=1.0 - st.policy_s / max(total, 1e-9))
+    return RolloutResult(traj=traj, tokens=tokens, stats=stats, texts=_texts(st))
+
+
+def _stats(st: _State, tokens: TokenBatch) -> dict[str, float]:
+    in_batch = ~st.masked()
+    steps = st.step_mask & in_batch[:, None]
+    invalid = st.invalid & steps
+    out = {
+        "trajectories": float(st.E),
+        "crashed": float(st.crashed.sum()),
+        "unrun": float((~st.crashed & ~in_batch).sum()),
+        "in_batch": float(in_batch.sum()),
+        "steps": float(steps.sum()),
+        "invalid": float(invalid.sum()),
+        "invalid_rate": float(invalid.sum()) / max(float(steps.sum()), 1.0),
+        "success_rate": float(st.won[in_batch].mean()) if in_batch.any() else 0.0,
+        "mean_episode_len": float(st.length[in_batch].mean()) if in_batch.any() else 0.0,
+        "milestones": float((st.milestone & steps).sum()),
+        "strategies": float(_strategy_mask(st).sum()),
+        "strategy_malformed": float((st.z_malformed & _strategy_mask(st)).sum()),
+        "sampled_tokens": float(st.sampled_tokens),
+        "rows": float(np.asarray(tokens.row_valid).sum()),
+        "rows_padded": float(tokens.tokens.shape[0]),
+        "row_length": float(tokens.tokens.shape[1]),
+    }
+    reasons = {r: 0 for r in INVALID_REASONS}
+    for e in np.flatnonzero(in_batch):
+        for t in np.flatnonzero(invalid[e]):
+            reasons[st.logs[e][t]["reason"]] += 1
+    out.update({f"invalid/{r}": float(c) for r, c in reasons.items()})
+    return out
+
+
+def _texts(st: _State) -> dict[str, Any]:
+    trajs = []
+    for e in range(st.E):
+        p, n, m = st.pnm(e)
+        trajs.append({"key": (p, n, m), "task": st.task_line[p], "strategy": st.z[p][n],
+                      "won": bool(st.won[e]), "crashed": bool(st.crashed[e]), "error": st.errors[e],
+                      "steps": st.logs[e], "judge": st.judge_texts.get((p, n, m))})
+    return {"candidates": st.candidates, "strategies": st.z, "trajectories": trajs}
