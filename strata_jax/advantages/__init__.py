@@ -1,0 +1,71 @@
+"""Jitted advantage estimators: GRPO, GiGPO, StraTA, BEACON and StraTA+BEACON.
+
+    adv = compute_advantages(batch, AdvantageParams(), "strata")   # Advantages(step, strategy)
+    grid = jax.vmap(compute_advantages, in_axes=(None, 0, None))(batch, stacked_params, "gigpo")
+
+Rules shared by every algorithm (ALGORITHMS.md section 0): padded steps get 0; the invalid-action
+penalty is subtracted after normalisation, on the invalid step only; the strategy advantage is 0
+for flat algorithms and for masked strategies.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from strata_jax.advantages.beacon import beacon_step_advantage
+from strata_jax.advantages.gigpo import gigpo_step_advantage
+from strata_jax.advantages.grpo import grpo_step_advantage
+from strata_jax.advantages.params import AdvantageParams, stack_params
+from strata_jax.advantages.strata import judge_reward, strata_step_advantage, strategy_advantage
+from strata_jax.batch import TrajectoryBatch
+
+ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
+# Algorithms where stats_over_steps is wired (trajectory-level statistics of GRPO / GiGPO A^E).
+_STEP_WEIGHTED = ("grpo", "gigpo")
+
+__all__ = ["ALGOS", "AdvantageParams", "Advantages", "compute_advantages", "stack_params"]
+
+
+@struct.dataclass
+class Advantages:
+    step: jax.Array  # [P, N, M, H] f32
+    strategy: jax.Array  # [P, N] f32
+
+
+def check_algo(algo: str, params: AdvantageParams) -> None:
+    """Raise ValueError for an unknown algo or a switch the algo does not implement."""
+    if algo not in ALGOS:
+        raise ValueError(f"compute_advantages: unknown algo {algo!r}; allowed: {ALGOS}")
+    if params.stats_over_steps and algo not in _STEP_WEIGHTED:
+        raise ValueError(f"AdvantageParams.stats_over_steps=True is only wired for {_STEP_WEIGHTED}, "
+                         f"not for algo {algo!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("algo",))
+def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: str) -> Advantages:
+    """Per-step [P, N, M, H] and per-strategy [P, N] advantages of `algo` (static)."""
+    check_algo(algo, params)
+    strategy = jnp.zeros(batch.strategy_mask.shape, jnp.float32)
+    if algo == "grpo":
+        step = grpo_step_advantage(batch, params)
+    elif algo == "gigpo":
+        step = gigpo_step_advantage(batch, params)
+    elif algo == "beacon":
+        step = beacon_step_advantage(batch, params, per_strategy=False)
+    elif algo == "strata":
+        step = strata_step_advantage(batch, params)
+        strategy = strategy_advantage(batch, params)
+    else:  # strata+beacon: BEACON inside each (task, z_i) group, judgment and strategy level of 3.
+        step = beacon_step_advantage(batch, params, per_strategy=True) + judge_reward(batch, params)
+        strategy = strategy_advantage(batch, params)
+    return Advantages(step=_finalize(step, batch, params), strategy=strategy)
+
+
+def _finalize(step: jax.Array, batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
+    """Invalid penalty on invalid steps (after normalisation), 0 on padded steps."""
+    step = step - params.invalid_penalty * batch.invalid.astype(jnp.float32)
+    return jnp.where(batch.step_mask, step, 0.0).astype(jnp.float32)

@@ -1,0 +1,66 @@
+"""StraTA: strategy-level and action-level advantages (ALGORITHMS.md sections 3.3 - 3.5)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from strata_jax.advantages.groups import group_normalize, index_grid
+from strata_jax.advantages.params import AdvantageParams
+from strata_jax.batch import TrajectoryBatch
+
+# (choice) ceil(delta * M_i) is taken with this slack so f32 rounding of delta (0.3 -> 0.30000001)
+# cannot add a member: ceil(0.3 * 10) must be 3, not 4.
+_CEIL_SLACK = 1e-4
+
+
+def top_k_count(delta: jax.Array, m_valid: jax.Array) -> jax.Array:
+    """ceil(delta * M_i), clamped to [1, M_i] (0 when M_i = 0) -> same shape as m_valid, f32."""
+    m = m_valid.astype(jnp.float32)
+    k = jnp.ceil(delta * m - _CEIL_SLACK)
+    return jnp.clip(k, jnp.minimum(m, 1.0), m)
+
+
+def strategy_reward(batch: TrajectoryBatch, params: AdvantageParams) -> tuple[jax.Array, jax.Array]:
+    """R(z_i) of section 3.3 -> ([P, N] f32, [P, N] bool: the strategy takes part).
+
+    (choice) A strategy with no valid trajectory (M_i = 0) has no returns to score it: it is left
+    out of the strategy group and gets advantage 0.
+    """
+    tm = batch.traj_mask  # [P, N, M]
+    m_valid = tm.sum(-1)  # [P, N]
+    k = top_k_count(params.delta, m_valid)  # [P, N]
+    desc = -jnp.sort(jnp.where(tm, -batch.episode_return, jnp.inf), axis=-1)  # [P, N, M]
+    rank = index_grid(desc.shape, 2).astype(jnp.float32)
+    top_sum = jnp.where(rank < k[..., None], desc, 0.0).sum(-1)  # [P, N]
+    top_mean = top_sum / jnp.maximum(k, 1.0)
+    budget = params.strategy_budget
+    over = jnp.maximum(0.0, batch.strategy_len.astype(jnp.float32) - budget) / budget
+    r = (top_mean / params.r_succ - params.c_len * over
+         - params.c_fmt * batch.strategy_malformed.astype(jnp.float32))
+    return jnp.clip(r, -1.0, 1.0), batch.strategy_mask & (m_valid > 0)
+
+
+def strategy_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
+    """lambda * norm_i(R(z_i)) over the N strategies of each task -> [P, N].
+
+    (choice) lambda (lam_strategy) is folded into A^str: the PPO-clip surrogate is positively
+    homogeneous in A, so this is J_act + lambda * J_str on the strategy tokens.
+    """
+    r, valid = strategy_reward(batch, params)
+    p_, n_ = r.shape
+    a = group_normalize(r, index_grid((p_, n_), 0), valid, p_, "std")
+    return params.lam_strategy * a
+
+
+def judge_reward(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
+    """R_judge(t) = -kappa * 1[t in I] -> [P, N, M, H] (section 3.4)."""
+    return -params.kappa * batch.judged_bad.astype(jnp.float32)
+
+
+def strata_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
+    """A^act = norm_j(R(tau_ij)) over the M trajectories of (task, z_i) + R_judge(t) -> [P,N,M,H]."""
+    p_, n_, m_, _ = batch.shape
+    gid = index_grid((p_, n_, m_), 0) * n_ + index_grid((p_, n_, m_), 1)  # [P, N, M] (task, z)
+    a = group_normalize(batch.episode_return, gid, batch.traj_mask, p_ * n_, "std")
+    return a[..., None] + judge_reward(batch, params)
