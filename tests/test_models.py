@@ -1,4 +1,8 @@
-"""Decoder parity against transformers' PyTorch Qwen2 / Llama on tiny random configs."""
+"""Decoder parity against transformers' PyTorch Qwen2 / Llama on tiny random configs.
+
+The reference is transformers' own model (torch, CPU, 1 thread) run on the same left-padded batch
+with the same position ids; logits are compared on valid (non-padding) positions only.
+"""
 
 import numpy as np
 import pytest
@@ -8,46 +12,67 @@ torch.set_num_threads(1)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from strata_jax.models.hf import load_hf_model  # noqa: E402
+from strata_jax.models.qwen2 import (  # noqa: E402
+    ConfigError,
+    Decoder,
+    ModelConfig,
+    UnsupportedArchitectureError,
+    param_logical_axes,
+    rope_inv_freq,
+)
 
-BASE = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, intermediate_size=48)
+VOCAB = 97
+BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=48, tie_word_embeddings=False)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16, "rope_theta": 5e5}
+
+# name -> (arch, overrides): tied/untied, GQA ratio 1/2/3/4, odd hidden size, theta 1e4/1e6, llama3.
+CONFIGS = {
+    "qwen2_tied_gqa2_theta1e6": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1e6)),
+    "qwen2_untied_gqa1_theta1e4": ("qwen2", dict(num_key_value_heads=4, rope_theta=1e4)),
+    "qwen2_gqa4": ("qwen2", dict(hidden_size=48, num_attention_heads=8, num_key_value_heads=2)),
+    # hidden 45 (odd); head_dim 8 set explicitly, since 45 / 3 heads = 15 is odd and rope needs even.
+    "llama_odd_hidden_gqa3": ("llama", dict(hidden_size=45, num_attention_heads=3, num_key_value_heads=1,
+                                            head_dim=8, rope_theta=1e4)),
+    "llama3_rope_scaling": ("llama", dict(tie_word_embeddings=True, rope_scaling=dict(LLAMA3_ROPE))),
+}
 
 
-def _hf_dir(tmp_root, name, arch, **kw):
+def _build(root, name):
+    arch, kw = CONFIGS[name]
     torch.manual_seed(0)
     conf = {**BASE, **kw}
     model = (Qwen2ForCausalLM(Qwen2Config(**conf)) if arch == "qwen2"
              else LlamaForCausalLM(LlamaConfig(**conf))).eval()
-    # Random init has tiny norms; perturb everything so a wrong mapping shows up in the logits.
+    # HF init leaves norms at 1 and biases at 0; perturb everything so a mis-mapped tensor shows.
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    d = tmp_root / name
-    model.save_pretrained(d)
-    return d, model
+    model.save_pretrained(root / name)
+    return root / name, model
 
 
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_models")
-    return {
-        "qwen2": _hf_dir(root, "qwen2", "qwen2", rope_theta=1e6),
-    }
+    return {name: _build(root, name) for name in CONFIGS}
 
 
-def _batch(seed=0, b=3, t=9, vocab=97):
-    """Left-padded batch: row r has r*2 padding tokens."""
+def _batch(seed=0, b=3, t=20):
+    """Left-padded batch: row r has 3*r padding tokens; positions restart at each row's start."""
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(1, vocab, size=(b, t))
     mask = np.ones((b, t), bool)
     for r in range(b):
-        mask[r, : 2 * r] = False
-    tokens = np.where(mask, tokens, 0)
-    pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    return tokens.astype(np.int32), pos.astype(np.int32), mask
+        mask[r, : 3 * r] = False
+    tokens = np.where(mask, rng.integers(1, VOCAB, size=(b, t)), 0).astype(np.int32)
+    pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+    return tokens, pos, mask
 
 
 def _ref_logits(model, tokens, pos, mask):
@@ -58,15 +83,227 @@ def _ref_logits(model, tokens, pos, mask):
     return out.logits.float().numpy()
 
 
-def _our_logits(model, tokens, pos, mask):
-    hidden, _ = model(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
+def _logits(model, tokens, pos, mask):
+    hidden, cache = model(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
+    assert cache is None
     return np.asarray(model.logits(hidden))
 
 
-@pytest.mark.parametrize("name", ["qwen2"])
-def test_fp32_parity(hf_models, name):
+# ----------------------------------------------------------------------------------------------
+# Parity
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fp32_logits_match_transformers(hf_models, name):
     path, ref = hf_models[name]
-    model, _ = load_hf_model(path)
+    model, cfg = load_hf_model(path)
     tokens, pos, mask = _batch()
-    diff = np.abs(_our_logits(model, tokens, pos, mask) - _ref_logits(ref, tokens, pos, mask))[mask]
-    assert diff.max() <= 1e-4, diff.max()
+    ours, theirs = _logits(model, tokens, pos, mask), _ref_logits(ref, tokens, pos, mask)
+    assert np.abs(theirs).max() > 0.1  # the reference is not degenerate
+    diff = np.abs(ours - theirs)[mask]
+    assert diff.max() <= 1e-4, f"{name}: max |diff| {diff.max()}"
+
+
+def test_llama3_scaling_is_active(hf_models):
+    """The llama3 case must differ from plain rope, else its parity test proves nothing."""
+    path, _ = hf_models["llama3_rope_scaling"]
+    _, cfg = load_hf_model(path)
+    plain = ModelConfig(**{**cfg.__dict__, "rope_type": "default", "rope_scaling": ()})
+    assert cfg.rope_type == "llama3" and cfg.rope_theta == 5e5
+    assert not np.allclose(rope_inv_freq(cfg), rope_inv_freq(plain))
+
+
+# bf16 params + bf16 compute vs the fp32 reference: bf16 has an 8-bit mantissa (rel. step 2^-8),
+# and the error grows through 2 layers; we allow 4% of the reference logits' max magnitude.
+BF16_REL_BOUND = 0.04
+
+
+@pytest.mark.parametrize("name", ["qwen2_tied_gqa2_theta1e6", "llama3_rope_scaling"])
+def test_bf16_logits_within_bound(hf_models, name):
+    path, ref = hf_models[name]
+    model, _ = load_hf_model(path, dtype="bfloat16", param_dtype="bfloat16")
+    assert model.embed_tokens.embedding[...].dtype == jnp.bfloat16
+    tokens, pos, mask = _batch()
+    hidden, _ = model(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
+    assert hidden.dtype == jnp.bfloat16
+    theirs = _ref_logits(ref, tokens, pos, mask)
+    diff = np.abs(np.asarray(model.logits(hidden)) - theirs)[mask]
+    assert diff.max() <= BF16_REL_BOUND * np.abs(theirs).max(), (diff.max(), np.abs(theirs).max())
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache
+
+
+def _decode_logits(model, tokens, pos, mask, prefill_len, chunk, capacity):
+    """Prefill `prefill_len` tokens into a cache, then feed the rest `chunk` tokens at a time."""
+    b, t = tokens.shape
+    cache = model.init_cache(b, capacity)
+    cache_mask = np.zeros((b, capacity), bool)
+    out = []
+    starts = [0] + list(range(prefill_len, t, chunk))
+    ends = starts[1:] + [t]
+    step = nnx.jit(lambda m, *a: m(*a))
+    for s, e in zip(starts, ends):
+        cache_mask[:, s:e] = mask[:, s:e]
+        hidden, cache = step(model, jnp.asarray(tokens[:, s:e]), jnp.asarray(pos[:, s:e]),
+                             jnp.asarray(cache_mask), cache, jnp.int32(s))
+        out.append(np.asarray(model.logits(hidden)))
+    return np.concatenate(out, axis=1), cache
+
+
+@pytest.mark.parametrize("name,scan,chunk", [("qwen2_tied_gqa2_theta1e6", False, 1),
+                                             ("llama3_rope_scaling", True, 1),
+                                             ("qwen2_gqa4", False, 3)])
+def test_cached_decode_equals_full_forward(hf_models, name, scan, chunk):
+    path, _ = hf_models[name]
+    model, cfg = load_hf_model(path, scan_layers=scan)
+    tokens, pos, mask = _batch(seed=1)
+    full = _logits(model, tokens, pos, mask)
+    dec, cache = _decode_logits(model, tokens, pos, mask, prefill_len=11, chunk=chunk, capacity=24)
+    assert cache.k.shape == (cfg.num_layers, 3, 24, cfg.num_kv_heads, cfg.head_dim)
+    assert np.abs(dec - full)[mask].max() <= 1e-4
+    # Slots past the last written one stay untouched (zero).
+    assert not np.asarray(cache.k[:, :, 20:]).any()
+
+
+# ----------------------------------------------------------------------------------------------
+# Scan, remat
+
+
+def test_scan_layers_equals_unrolled(hf_models):
+    path, _ = hf_models["qwen2_untied_gqa1_theta1e4"]
+    unrolled, _ = load_hf_model(path)
+    scanned, _ = load_hf_model(path, scan_layers=True)
+    assert scanned.layers.self_attn.q_proj.kernel[...].shape[0] == 2  # stacked [L, ...]
+    tokens, pos, mask = _batch()
+    a, b = _logits(unrolled, tokens, pos, mask), _logits(scanned, tokens, pos, mask)
+    assert np.abs(a - b)[mask].max() <= 1e-5
+
+
+def _grads(model, tokens, pos, mask):
+    graphdef, params = nnx.split(model)
+    w = jax.random.normal(jax.random.key(0), (*tokens.shape, VOCAB)) * mask[..., None]
+
+    def loss(p):
+        m = nnx.merge(graphdef, p)
+        hidden, _ = m(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
+        return (m.logits(hidden) * w).sum()
+
+    jaxpr = str(jax.make_jaxpr(loss)(params))
+    return jax.jit(jax.grad(loss))(params), jaxpr
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_gives_same_gradients(hf_models, scan):
+    path, _ = hf_models["llama_odd_hidden_gqa3"]
+    plain, _ = load_hf_model(path, scan_layers=scan)
+    remat, _ = load_hf_model(path, scan_layers=scan, remat=True)
+    tokens, pos, mask = _batch()
+    g1, jaxpr1 = _grads(plain, tokens, pos, mask)
+    g2, jaxpr2 = _grads(remat, tokens, pos, mask)
+    assert "remat" not in jaxpr1 and "checkpoint" not in jaxpr1
+    assert "remat" in jaxpr2 or "checkpoint" in jaxpr2  # the option is really applied
+    leaves1, leaves2 = jax.tree.leaves(g1), jax.tree.leaves(g2)
+    assert len(leaves1) == len(leaves2) > 0
+    for a, b in zip(leaves1, leaves2):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())
+    assert max(np.abs(np.asarray(x)).max() for x in leaves1) > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharding and logical axes
+
+RULES = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
+         "head_dim": None, "layers": None}
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_sharded_equals_single_device(hf_models, scan):
+    assert jax.device_count() == 8
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("fsdp", "tensor"))
+    path, _ = hf_models["qwen2_gqa4"]  # heads 8, kv heads 2, hidden 48, mlp 48, vocab 97
+    single, _ = load_hf_model(path, scan_layers=scan)
+    (graphdef, params), _ = load_hf_model(path, mesh=mesh, rules=RULES, scan_layers=scan, split=True)
+    q = params["layers"]["self_attn"]["q_proj"]["kernel"] if scan else params["layers"][0]["self_attn"]["q_proj"]["kernel"]
+    want = PartitionSpec(None, "fsdp", "tensor", None) if scan else PartitionSpec("fsdp", "tensor", None)
+    assert q[...].sharding.spec == want
+
+    tokens, pos, mask = _batch()
+
+    @jax.jit
+    def fwd(p, tokens, pos, mask):
+        m = nnx.merge(graphdef, p)
+        return m.logits(m(tokens, pos, mask)[0])
+
+    sharded = np.asarray(fwd(params, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask)))
+    assert np.abs(sharded - _logits(single, tokens, pos, mask))[mask].max() <= 1e-5
+
+
+ALLOWED_AXES = {"embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", None}
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_every_param_has_logical_axes(scan):
+    cfg = ModelConfig.from_hf({**BASE, "model_type": "qwen2"}, scan_layers=scan)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    axes = param_logical_axes(model)
+    is_t = lambda x: isinstance(x, tuple)  # noqa: E731
+    flat_p = jax.tree.leaves(params)
+    flat_a = jax.tree.leaves(axes, is_leaf=is_t)
+    assert len(flat_p) == len(flat_a) == len(jax.tree.leaves(nnx.state(model)))  # only Params
+    for p, a in zip(flat_p, flat_a):
+        assert len(a) == p.ndim and set(a) <= ALLOWED_AXES
+    q_axes = axes["layers"]["self_attn"]["q_proj"]["kernel"] if scan else axes["layers"][0]["self_attn"]["q_proj"]["kernel"]
+    assert q_axes == (("layers",) if scan else ()) + ("embed", "heads", "head_dim")
+    assert axes["lm_head"] == ("embed", "vocab") and axes["embed_tokens"]["embedding"] == ("vocab", "embed")
+
+
+# ----------------------------------------------------------------------------------------------
+# Config and input errors
+
+
+def test_config_reads_transformers4_layout():
+    """rope_theta / rope_scaling at the top level (transformers 4) == rope_parameters (5)."""
+    v5 = {**BASE, "model_type": "llama", "rope_parameters": dict(LLAMA3_ROPE)}
+    v4 = {**BASE, "model_type": "llama", "rope_theta": 5e5,
+          "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}}
+    assert ModelConfig.from_hf(v5) == ModelConfig.from_hf(v4)
+    assert ModelConfig.from_hf(v5).rope_type == "llama3"
+
+
+def test_unsupported_architecture_is_named():
+    with pytest.raises(UnsupportedArchitectureError, match=r"'gpt2'.*qwen2.*llama"):
+        ModelConfig.from_hf({**BASE, "model_type": "gpt2"})
+    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
+        ModelConfig.from_hf({**BASE, "model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(UnsupportedArchitectureError, match="sliding_window"):
+        ModelConfig.from_hf({**BASE, "model_type": "qwen2", "use_sliding_window": True})
+
+
+def test_bad_config_values_are_named():
+    with pytest.raises(ConfigError, match="hidden_size"):
+        ModelConfig.from_hf({k: v for k, v in {**BASE, "model_type": "qwen2"}.items() if k != "hidden_size"})
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        ModelConfig.from_hf({**BASE, "model_type": "qwen2", "num_key_value_heads": 3})
+    with pytest.raises(ConfigError, match="original_max_position_embeddings"):
+        ModelConfig.from_hf({**BASE, "model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0,
+                                                                                  "low_freq_factor": 1.0,
+                                                                                  "high_freq_factor": 4.0}})
+
+
+def test_bad_inputs_raise():
+    cfg = ModelConfig.from_hf({**BASE, "model_type": "qwen2"})
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    tokens = jnp.ones((2, 5), jnp.int32)
+    with pytest.raises(ValueError, match="positions"):
+        model(tokens, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 5), bool))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(tokens, tokens, jnp.ones((2, 6), bool))
+    cache = model.init_cache(2, 8)
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(tokens, tokens, jnp.ones((2, 5), bool), cache, 0)
+    with pytest.raises(ValueError, match="cache_index"):
+        model(tokens, tokens, jnp.ones((2, 8), bool), cache, None)

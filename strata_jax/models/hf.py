@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import struct as _struct
 from typing import Any, Callable
@@ -37,13 +36,12 @@ from strata_jax.models.qwen2 import (
     Decoder,
     ModelConfig,
     UnsupportedArchitectureError,
-    param_logical_axes,
 )
 
 __all__ = [
     "CheckpointMismatchError", "NotAModelDirectoryError", "UnsupportedArchitectureError",
     "load_hf_model", "load_hf_config", "load_tokenizer", "export_hf", "hf_param_names",
-    "logical_shardings", "read_safetensors", "write_safetensors",
+    "read_safetensors", "write_safetensors",
 ]
 
 
@@ -221,23 +219,14 @@ def _open_checkpoint(path: pathlib.Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def logical_shardings(abstract_state, mesh: jax.sharding.Mesh, rules) -> Any:
-    """NamedSharding per param from its logical axes and `rules` (logical name -> mesh axis/None)."""
-    rules = dict(rules or {})
-
-    def one(axes):
-        mesh_axes = [rules.get(a) if a is not None else None for a in axes]
-        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*mesh_axes))
-
-    axes = param_logical_axes(abstract_state)
-    return jax.tree.map(one, axes, is_leaf=lambda x: isinstance(x, tuple))
-
-
 def _resolve_shardings(abstract_state, mesh, rules, shardings):
     if shardings is not None:
         return shardings(abstract_state) if callable(shardings) else shardings
     if mesh is not None:
-        return logical_shardings(abstract_state, mesh, rules)
+        # Lazy import: the sharding module owns the logical -> mesh mapping (divisibility rules).
+        from strata_jax.sharding import param_shardings
+
+        return param_shardings(abstract_state, mesh, rules)
     dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return jax.tree.map(lambda _: dev, abstract_state)
 
@@ -258,7 +247,8 @@ def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", me
 
     shardings: a pytree of `jax.sharding.Sharding` matching nnx.state(model, nnx.Param), or a
       callable(abstract_state) -> that pytree (how strata_jax.sharding supplies it); else
-      `mesh` + `rules` (logical name -> mesh axis) are used; else everything on one device.
+      `mesh` + `rules` (logical name -> mesh axis; default strata_jax.sharding.DEFAULT_RULES) go
+      through strata_jax.sharding.param_shardings; else everything on one device.
     Returns (model, cfg), or ((graphdef, params), cfg) when split=True.
     """
     path = pathlib.Path(path)

@@ -9,6 +9,7 @@ Dh head dim, F mlp width, V vocab, L layers.
 Every `nnx.Param` carries logical axis names in its `out_sharding` metadata (the flax 0.12 name of
 the `sharding` metadata; see `param_logical_axes`). Variables are created with eager sharding off,
 so the model builds without a mesh; `strata_jax/sharding.py` maps the names to mesh axes.
+With scan_layers the per-layer params are stacked on a leading axis named "layers".
 """
 
 from __future__ import annotations
@@ -293,20 +294,20 @@ class Attention(nnx.Module):
         self.o_proj = Dense((h, dh), (d,), ("heads", "head_dim"), ("embed",), cfg.o_bias, cfg, rngs)
 
     def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
-        """x [B, T, D]; mask [B, T, S'] bool; caches [B, S, K, Dh] or None.
+        """x [B, T, D]; mask [B, T, S'] bool; this layer's caches [B, S, K, Dh] or None.
 
-        Returns (out [B, T, D], k_cache, v_cache) with the new keys/values written in.
+        Returns (out [B, T, D], k_new, v_new [B, T, K, Dh]); the caller writes k_new / v_new into
+        the full cache, so only T rows per layer are written (in place under donation).
         """
         cfg = self.cfg
         q = apply_rope(self.q_proj(x), cos, sin)  # [B, T, H, Dh]
-        k = apply_rope(self.k_proj(x), cos, sin)  # [B, T, K, Dh]
-        v = self.v_proj(x)  # [B, T, K, Dh]
+        k_new = apply_rope(self.k_proj(x), cos, sin)  # [B, T, K, Dh]
+        v_new = self.v_proj(x)  # [B, T, K, Dh]
+        k, v = k_new, v_new
         if k_cache is not None:
-            zero = jnp.zeros((), jnp.int32)
-            start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-            k, v = k_cache.astype(cfg.compute_dtype), v_cache.astype(cfg.compute_dtype)  # [B, S, K, Dh]
+            start = _cache_start(cache_index)
+            k = jax.lax.dynamic_update_slice(k_cache, k_new.astype(k_cache.dtype), start).astype(cfg.compute_dtype)
+            v = jax.lax.dynamic_update_slice(v_cache, v_new.astype(v_cache.dtype), start).astype(cfg.compute_dtype)
         b, t, _, dh = q.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, dh)  # head h = kv_head * G + g, as HF repeat_kv
@@ -315,7 +316,12 @@ class Attention(nnx.Module):
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, dh)
-        return self.o_proj(out), k_cache, v_cache
+        return self.o_proj(out), k_new, v_new
+
+
+def _cache_start(cache_index, leading=()):
+    zero = jnp.zeros((), jnp.int32)
+    return (*leading, zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
 
 
 class MLP(nnx.Module):
@@ -337,11 +343,11 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs)
 
     def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
-        a, k_cache, v_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache,
-                                             cache_index)
+        """x [B, T, D] -> (x [B, T, D], k_new, v_new [B, T, K, Dh])."""
+        a, k_new, v_new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, cache_index)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, k_cache, v_cache
+        return x, k_new, v_new
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,10 +376,10 @@ class Embed(nnx.Module):
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
-    """One Block whose params carry a leading [L] axis (logical name None), for lax.scan."""
+    """One Block whose params carry a leading [L] axis (logical name "layers"), for lax.scan."""
 
     @nnx.split_rngs(splits=cfg.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
     def create(r):
         return Block(cfg, r)
 
@@ -438,6 +444,7 @@ class Decoder(nnx.Module):
     # -- layers --------------------------------------------------------------------------------
 
     def _run_layers(self, x, cos, sin, mask, ks, vs, cache_index):
+        """x [B, T, D]; ks, vs [L, B, S, K, Dh] or None. Returns (x, ks, vs)."""
         cfg = self.cfg
         has_cache = ks is not None
 
@@ -447,27 +454,33 @@ class Decoder(nnx.Module):
         if cfg.remat:
             apply = jax.checkpoint(apply, static_argnums=(0,))
 
+        def write(cache, new, i):  # new [B, T, K, Dh] -> rows [cache_index, +T) of layer i
+            return jax.lax.dynamic_update_slice(cache, new[None].astype(cache.dtype),
+                                                _cache_start(cache_index, (jnp.asarray(i, jnp.int32),)))
+
         if cfg.scan_layers:
             graphdef, state = nnx.split(self.layers)
 
-            def body(h, xs):
-                st, k, v = xs
-                h, k, v = apply(graphdef, st, h, k, v)
-                return h, (k, v)
+            def body(carry, st):
+                h, ks, vs, i = carry
+                k_i = jax.lax.dynamic_index_in_dim(ks, i, keepdims=False) if has_cache else None
+                v_i = jax.lax.dynamic_index_in_dim(vs, i, keepdims=False) if has_cache else None
+                h, k_new, v_new = apply(graphdef, st, h, k_i, v_i)
+                if has_cache:
+                    ks, vs = write(ks, k_new, i), write(vs, v_new, i)
+                return (h, ks, vs, i + 1), None
 
-            xs = (state, ks, vs) if has_cache else (state, None, None)
-            x, (ks, vs) = jax.lax.scan(body, x, xs)
+            # The cache rides in the carry (not xs/ys) so each layer writes only its T new rows.
+            (x, ks, vs, _), _ = jax.lax.scan(body, (x, ks, vs, jnp.zeros((), jnp.int32)), state)
             return x, ks, vs
 
-        new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            x, k, v = apply(graphdef, state, x, ks[i] if has_cache else None, vs[i] if has_cache else None)
-            new_k.append(k)
-            new_v.append(v)
-        if has_cache:
-            return x, jnp.stack(new_k), jnp.stack(new_v)
-        return x, None, None
+            x, k_new, v_new = apply(graphdef, state, x, ks[i] if has_cache else None,
+                                    vs[i] if has_cache else None)
+            if has_cache:
+                ks, vs = write(ks, k_new, i), write(vs, v_new, i)
+        return x, ks, vs
 
 
 def _check_inputs(tokens, positions, attention_mask, cache, cache_index):
