@@ -170,7 +170,7 @@ def _num_envs(pool: Any) -> int:
     return len(pool)
 
 
-def _to_out(r: Any, is_reset: bool) -> EnvOut:
+def to_env_out(r: Any, is_reset: bool) -> EnvOut:
     """Normalise a pool result (gym tuple or crash record) to EnvOut."""
     if isinstance(r, EnvOut):
         return r
@@ -252,7 +252,7 @@ def _reset(pool: Any, st: _State) -> None:
     seeds = [st.tasks[st.pnm(e)[0]] for e in range(st.E)]
     outs = _env_call(st, pool.reset, list(range(st.E)), seeds)
     for e, r in enumerate(outs):
-        r = _to_out(r, is_reset=True)
+        r = to_env_out(r, is_reset=True)
         p = st.pnm(e)[0]
         if r.crashed:
             st.crashed[e], st.errors[e] = True, r.error
@@ -342,7 +342,7 @@ def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> Non
         parsed = [parse_action(g.text, st.admissible[e]) for e, g in zip(active, gens)]
         outs = _env_call(st, pool.step, active, [pa.action for pa in parsed])
         for e, g, pa, r in zip(active, gens, parsed, outs):
-            _record_step(st, e, t, g, pa, _to_out(r, is_reset=False))
+            _record_step(st, e, t, g, pa, to_env_out(r, is_reset=False))
         bar.update(1)
     bar.close()
     st.alive[:] = False

@@ -81,6 +81,8 @@ def parse_action(text: str, admissible: Sequence[str] | None,
         return ParsedAction("", False, TOO_LONG)
     if admissible is None:
         return ParsedAction(action, True, None)
+    if action in admissible:  # fast path: environments list their commands normalised already
+        return ParsedAction(action, True, None)
     for cmd in admissible:
         if normalize_action(cmd) == action:
             return ParsedAction(cmd, True, None)

@@ -31,6 +31,12 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: max(n - 3, 0)] + "..."
 
 
+def _cut(text: str, n: int) -> str:
+    """Stripped text cut to n characters; the current observation keeps its line structure."""
+    text = str(text).strip()
+    return text if len(text) <= n else text[: max(n - 3, 0)] + "..."
+
+
 def _shown_action(action: str) -> str:
     # An invalid output is sent as "" (the no-op); say so rather than showing an empty string.
     return action if action else "(no valid action)"
@@ -42,7 +48,7 @@ def strategy_prompt(task: str, observation: str, max_words: int = STRATEGY_WORDS
     return _user(
         f"{intro}\n"
         f"Your task is to: {task}\n"
-        f"Initial observation: {_clip(observation, OBS_CHARS)}\n\n"
+        f"Initial observation: {_cut(observation, OBS_CHARS)}\n\n"
         "Before acting, write a short, high-level strategy for the whole episode: which places to "
         "search, in what order, and which sub-goals to complete. "
         f"Use at most {max_words} words and no actions list.\n"
@@ -68,7 +74,7 @@ def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
         for i, (obs, act) in enumerate(recent):
             lines.append(f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} "
                          f"Action: {_shown_action(act)}")
-    lines.append(f"Current observation (step {step + 1}): {_clip(observation, OBS_CHARS)}")
+    lines.append(f"Current observation (step {step + 1}): {_cut(observation, OBS_CHARS)}")
     if admissible is not None:
         lines.append("Admissible actions: " + ", ".join(f"'{a}'" for a in admissible))
     about = "the current situation and your strategy" if strategy else "the current situation"

@@ -162,22 +162,34 @@ def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_row
                          f"{len(response_logp)} logp rows")
     if rows > num_rows:
         raise ValueError(f"pad_token_rows: {rows} rows do not fit num_rows={num_rows}")
+    lp = np.fromiter((len(x) for x in prompt_ids), np.int64, rows)  # [rows]
+    lr = np.fromiter((len(x) for x in response_ids), np.int64, rows)
+    lg = np.fromiter((len(x) for x in response_logp), np.int64, rows)
+    if (lg != lr).any():
+        s = int(np.flatnonzero(lg != lr)[0])
+        raise ValueError(f"pad_token_rows: row {s} has {lr[s]} response tokens but {lg[s]} logp")
+    if (lp + lr > length).any():
+        s = int(np.flatnonzero(lp + lr > length)[0])
+        raise ValueError(f"pad_token_rows: row {s} has {lp[s] + lr[s]} tokens > length={length}")
     tokens = np.full((num_rows, length), pad_id, np.int32)
-    attn = np.zeros((num_rows, length), bool)
-    loss = np.zeros((num_rows, length), bool)
     logp = np.zeros((num_rows, length), np.float32)
-    for s, (pr, rs, lp) in enumerate(zip(prompt_ids, response_ids, response_logp)):
-        lp_, lr = len(pr), len(rs)
-        if len(lp) != lr:
-            raise ValueError(f"pad_token_rows: row {s} has {lr} response tokens but {len(lp)} logp")
-        if lp_ + lr > length:
-            raise ValueError(f"pad_token_rows: row {s} has {lp_ + lr} tokens > length={length}")
-        start = length - lp_ - lr
-        tokens[s, start:start + lp_] = pr
-        tokens[s, length - lr:] = rs
-        attn[s, start:] = True
-        loss[s, length - lr:] = True
-        logp[s, length - lr:] = lp
-    row_valid = np.arange(num_rows) < rows
-    return {"tokens": tokens, "attention_mask": attn, "loss_mask": loss, "old_logp": logp,
-            "row_valid": row_valid}
+    # Scatter all rows at once into the flattened [R * L] arrays (one index array, no row loop).
+    flat = [a for pair in zip(prompt_ids, response_ids) for a in pair]
+    if rows:
+        tokens.reshape(-1)[_right_aligned(lp + lr, length)] = np.concatenate(flat)
+        logp.reshape(-1)[_right_aligned(lr, length)] = np.concatenate(response_logp)
+    cols = np.arange(length)[None, :]  # [1, L]
+    pad = np.full(num_rows, length, np.int64)
+    pad[:rows] = length - lp - lr
+    resp = np.full(num_rows, length, np.int64)
+    resp[:rows] = length - lr
+    return {"tokens": tokens, "attention_mask": cols >= pad[:, None],
+            "loss_mask": cols >= resp[:, None], "old_logp": logp,
+            "row_valid": np.arange(num_rows) < rows}
+
+
+def _right_aligned(lengths: np.ndarray, width: int) -> np.ndarray:
+    """Flat indices into [R, width] of row r's `lengths[r]` elements, right-aligned in the row."""
+    first = np.cumsum(lengths) - lengths  # flat input index of each row's first element
+    base = np.arange(len(lengths)) * width + width - lengths - first  # [R]
+    return np.repeat(base, lengths) + np.arange(int(lengths.sum()))
