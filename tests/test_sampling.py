@@ -1,5 +1,6 @@
 """Sampler and score: token selection statistics, stop handling, HF parity, sharding, compile count."""
 
+import dataclasses
 import math
 
 import jax
@@ -130,3 +131,246 @@ def test_stop_sequence_hit():
                        [-1, -1, -1, -1]], np.int32)
     hit = np.asarray(stop_sequence_hit(jnp.asarray(window), jnp.asarray(stops), jnp.asarray(lens)))
     np.testing.assert_array_equal(hit, [True, False, True, False, False])
+
+
+# ------------------------------------------------------------------------ with the decoder
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+from flax import nnx  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from strata_jax import sharding  # noqa: E402
+from strata_jax.models.hf import load_hf_model  # noqa: E402
+from strata_jax.sampling import Sampler, SamplingParams, score  # noqa: E402
+
+N_NEW = 12
+PROMPT_LENS = (5, 9, 3)
+
+
+def _tiny_hf(path, vocab=97, seed=0, logit_scale=None):
+    """Random tiny Qwen2 (2 layers, 4 heads, 2 kv heads), perturbed so the logits are not flat."""
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=48, rope_theta=1e6,
+                                         tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        if logit_scale:
+            model.lm_head.weight.copy_(torch.randn_like(model.lm_head.weight) * logit_scale)
+    model.save_pretrained(path)
+    (graphdef, params), _ = load_hf_model(path, split=True)
+    return model, graphdef, params
+
+
+def _left_pad_np(prompts):
+    t = max(map(len, prompts))
+    ids = np.zeros((len(prompts), t), np.int64)
+    mask = np.zeros((len(prompts), t), np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p):], mask[i, t - len(p):] = p, 1
+    return ids, mask
+
+
+def _hf_greedy(model, prompts, eos=None):
+    ids, mask = _left_pad_np(prompts)
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False,
+                             max_new_tokens=N_NEW, pad_token_id=0, eos_token_id=eos)
+    gen = out[:, ids.shape[1]:].numpy()
+    return np.pad(gen, ((0, 0), (0, N_NEW - gen.shape[1])))  # HF stops early when all rows hit EOS
+
+
+def _expected_end(gen, eos, stops):
+    """(length, finish_reason) of a row by scanning for the first EOS / stop-sequence end."""
+    for j, tok in enumerate(gen):
+        if tok in eos:
+            return j + 1, FINISH_EOS
+        if any(j + 1 >= len(s) and list(gen[j + 1 - len(s): j + 1]) == list(s) for s in stops):
+            return j + 1, FINISH_STOP
+    return len(gen), FINISH_LENGTH
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The model, prompts, HF greedy references, and one sampler whose EOS id is taken from them."""
+    hf, graphdef, params = _tiny_hf(tmp_path_factory.mktemp("tiny") / "m")
+    rng = np.random.default_rng(0)
+    prompts = [[int(x) for x in rng.integers(1, 97, size=n)] for n in PROMPT_LENS]
+    free = _hf_greedy(hf, prompts)
+    eos = int(free[1, 3])  # a token row 1 emits early: row 1 ends on EOS, the others (checked) do not
+    cfg = SamplerConfig(max_new_tokens=N_NEW, prompt_buckets=(16, 32), batch_buckets=(4,), eos_ids=(eos,),
+                        pad_id=0, return_embedding=True, max_stop_sequences=3, max_stop_len=4)
+    return dict(hf=hf, graphdef=graphdef, params=params, prompts=prompts, free=free, eos=eos,
+                ref=_hf_greedy(hf, prompts, eos=eos), sampler=Sampler(graphdef, cfg))
+
+
+def test_greedy_matches_transformers_left_padded(tiny):
+    out = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0),
+                                   jax.random.key(0))
+    ref = tiny["ref"]  # HF pads rows after EOS with pad_token_id = 0, as we do
+    np.testing.assert_array_equal(out.tokens, ref)
+    ends = [_expected_end(r, [tiny["eos"]], []) for r in ref]
+    np.testing.assert_array_equal(out.lengths, [e[0] for e in ends])
+    np.testing.assert_array_equal(out.finish_reason, [e[1] for e in ends])
+    assert FINISH_EOS in out.finish_reason and FINISH_LENGTH in out.finish_reason  # both paths exercised
+    assert np.all(out.logprobs[out.tokens == 0] == 0) and np.all(out.logprobs[:, 0] < 0)
+
+
+def test_stop_sequences_end_exactly_after_the_sequence(tiny):
+    free = tiny["free"]
+    stops = [[int(free[0, 6]), int(free[0, 7])], [int(free[2, 2]), int(free[2, 3]), int(free[2, 4])]]
+    out = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0),
+                                   jax.random.key(0), stop_sequences=stops)
+    for b in range(len(tiny["prompts"])):
+        n, reason = _expected_end(tiny["ref"][b], [tiny["eos"]], stops)
+        assert (out.lengths[b], out.finish_reason[b]) == (n, reason), (b, out.tokens[b], stops)
+        np.testing.assert_array_equal(out.tokens[b, :n], tiny["ref"][b, :n])
+        assert np.all(out.tokens[b, n:] == 0) and np.all(out.logprobs[b, n:] == 0)
+    assert FINISH_STOP in out.finish_reason
+
+
+def _full_rows(prompts, out):
+    """Left-padded prompt + generated tokens (right-padded) as one [B, Tp + N] row per prompt."""
+    tp = max(map(len, prompts))
+    toks = np.zeros((len(prompts), tp + N_NEW), np.int32)
+    mask = np.zeros_like(toks, bool)
+    for b, p in enumerate(prompts):
+        toks[b, tp - len(p): tp], mask[b, tp - len(p): tp] = p, True
+        n = out.lengths[b]
+        toks[b, tp: tp + n], mask[b, tp: tp + n] = out.tokens[b, :n], True
+    return toks, mask, tp
+
+
+def test_sampled_logprobs_equal_score_and_rng_reproducible(tiny):
+    s, params, prompts = tiny["sampler"], tiny["params"], tiny["prompts"]
+    sp = SamplingParams(temperature=[1.0, 0.8, 1.3], top_k=[0, 5, 0], top_p=[1.0, 1.0, 0.9])
+    out = s.generate(params, prompts, sp, jax.random.key(7))
+    again = s.generate(params, prompts, sp, jax.random.key(7))
+    other = s.generate(params, prompts, sp, jax.random.key(8))
+    np.testing.assert_array_equal(out.tokens, again.tokens)
+    np.testing.assert_array_equal(out.logprobs, again.logprobs)
+    assert not np.array_equal(out.tokens, other.tokens)
+    toks, mask, tp = _full_rows(prompts, out)
+    ref = score(tiny["graphdef"], params, toks, mask)
+    gen = np.arange(N_NEW)[None, :] < out.lengths[:, None]
+    np.testing.assert_allclose(out.logprobs[gen], ref[:, tp:][gen], atol=1e-5)
+    # The mean final hidden state over the generated tokens, from one full forward without a cache.
+    model = nnx.merge(tiny["graphdef"], params)
+    pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    hidden = np.asarray(model(jnp.asarray(toks), jnp.asarray(pos), jnp.asarray(mask))[0])[:, tp:]
+    emb = (hidden * gen[..., None]).sum(1) / out.lengths[:, None]
+    np.testing.assert_allclose(out.embedding, emb, atol=1e-5)
+
+
+def test_score_is_exact_teacher_forced_log_softmax(tiny):
+    rng = np.random.default_rng(1)
+    toks = rng.integers(1, 97, size=(3, 11)).astype(np.int32)
+    mask = np.ones_like(toks, bool)
+    mask[1, :4] = False  # left padding
+    mask[2, 8:] = False  # right padding
+    logp = score(tiny["graphdef"], tiny["params"], np.where(mask, toks, 0), mask, chunk_size=16)
+    with torch.no_grad():
+        pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+        logits = tiny["hf"](input_ids=torch.tensor(np.where(mask, toks, 0), dtype=torch.long),
+                            attention_mask=torch.tensor(mask.astype(np.int64)),
+                            position_ids=torch.tensor(pos, dtype=torch.long)).logits.double()
+    ref = torch.log_softmax(logits, -1).numpy()[:, :-1]
+    ref = np.take_along_axis(ref, toks[:, 1:, None].astype(np.int64), -1)[..., 0]
+    has_ctx = mask[:, 1:] & mask[:, :-1]
+    np.testing.assert_allclose(logp[:, 1:][has_ctx], ref[has_ctx], atol=1e-5)
+    assert np.all(logp[:, 0] == 0) and np.all(logp[:, 1:][~has_ctx] == 0)
+    assert logp.shape == (3, 11) and logp.dtype == np.float32
+
+
+def test_eight_devices_same_greedy_tokens(tiny):
+    assert jax.device_count() == 8
+    mesh = sharding.make_mesh((2, 2, 2))
+    cfg = dataclasses.replace(tiny["sampler"].config, return_embedding=False)
+    s8 = Sampler(tiny["graphdef"], cfg, mesh=mesh)
+    params = s8.shard_params(tiny["params"])
+    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(params))
+    out = s8.generate(params, tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
+    np.testing.assert_array_equal(out.tokens, tiny["ref"])
+    one = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
+    np.testing.assert_allclose(out.logprobs, one.logprobs, atol=1e-5)
+
+
+def test_bf16_cache_close_to_f32(tiny):
+    cfg = dataclasses.replace(tiny["sampler"].config, cache_dtype="bfloat16", return_embedding=False)
+    out = Sampler(tiny["graphdef"], cfg).generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0),
+                                                   jax.random.key(0))
+    toks, mask, tp = _full_rows(tiny["prompts"], out)
+    ref = score(tiny["graphdef"], tiny["params"], toks, mask)[:, tp:]
+    gen = np.arange(N_NEW)[None, :] < out.lengths[:, None]
+    diff = np.abs(out.logprobs - ref)[gen]
+    assert diff.max() < 5e-2 and diff.max() > 0  # bf16 keys/values: close, but not bit-equal
+
+
+def test_bad_inputs_raise_clear_errors(tiny):
+    s, params = tiny["sampler"], tiny["params"]
+    greedy = SamplingParams(temperature=0.0)
+    key = jax.random.key(0)
+    cases = [
+        (lambda: s.generate(params, [[1] * 33], greedy, key), "prompt length 33 exceeds the largest bucket 32"),
+        (lambda: s.generate(params, [[1]] * 5, greedy, key), "batch size 5 exceeds the largest bucket 4"),
+        (lambda: s.generate(params, [[1], []], greedy, key), r"prompts\[1\] is empty"),
+        (lambda: s.generate(params, [[1]], SamplingParams(temperature=-1.0), key), "temperature"),
+        (lambda: s.generate(params, [[1]], SamplingParams(top_p=0.0), key), "top_p"),
+        (lambda: s.generate(params, [[1], [2]], SamplingParams(top_k=[1, 2, 3]), key), "top_k: expected a scalar or 2"),
+        (lambda: s.generate(params, [[1]], greedy, key, stop_sequences=[[1]] * 4), "max_stop_sequences is 3"),
+        (lambda: s.generate(params, [[1]], greedy, key, stop_sequences=[[1] * 5]), "stop_sequences\\[0\\] has length 5"),
+        (lambda: score(tiny["graphdef"], params, np.zeros((2, 3), np.int32), np.ones((2, 4), bool)), "must both be"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            fn()
+
+
+def test_compiles_bounded_by_buckets(tiny):
+    """20 calls with varying batch sizes, prompt lengths, sampling settings and stop sequences on the
+    shared sampler (other tests used it too): at most one prefill + one decode per bucket pair."""
+    s = tiny["sampler"]
+    n_pairs = len(s.prompt_buckets) * len(s.batch_buckets)
+    assert n_pairs == 2
+    rng = np.random.default_rng(3)
+    seen = set()
+    for i in range(20):
+        b = int(rng.integers(1, 5))
+        lens = rng.integers(1, 33, size=b)
+        prompts = [[int(x) for x in rng.integers(1, 97, size=n)] for n in lens]
+        sp = SamplingParams(temperature=float(rng.choice([0.0, 0.7, 1.0])), top_k=int(rng.integers(0, 10)),
+                            top_p=float(rng.uniform(0.5, 1.0)))
+        stops = [[int(x) for x in rng.integers(1, 97, size=int(rng.integers(1, 5)))]
+                 for _ in range(int(rng.integers(0, 4)))]
+        s.generate(tiny["params"], prompts, sp, jax.random.key(i), stop_sequences=stops)
+        seen.add(pick_bucket(int(lens.max()), s.prompt_buckets, "t"))
+    assert seen == {16, 32}  # the calls did span every bucket
+    assert s.traces["prefill"] == n_pairs and s.traces["decode"] == n_pairs, s.traces
+
+
+def test_generate_frequencies_match_softmax(tmp_path):
+    """First tokens of many rows from a tiny-vocabulary model vs transformers' softmax(logits / T),
+    with per-row settings: 4 groups (plain, temperature, top-k, top-p) in one call."""
+    hf, graphdef, params = _tiny_hf(tmp_path / "v8", vocab=8, seed=1, logit_scale=0.4)
+    prompt = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([prompt])).logits[0, -1].double().numpy()
+    groups = [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 3, 1.0), (1.2, 0, 0.7)]
+    per = 1024
+    sp = SamplingParams(temperature=np.repeat([g[0] for g in groups], per), top_k=np.repeat([g[1] for g in groups], per),
+                        top_p=np.repeat([g[2] for g in groups], per))
+    s = Sampler(graphdef, SamplerConfig(max_new_tokens=1, prompt_buckets=(8,), batch_buckets=(per * len(groups),)))
+    out = s.generate(params, [prompt] * (per * len(groups)), sp, jax.random.key(0))
+    assert np.all(out.finish_reason == FINISH_LENGTH) and np.all(out.lengths == 1)
+    assert np.ptp(logits) > 1.0  # the distribution is far from uniform: the test has power
+    for g, (t, k, p) in enumerate(groups):
+        counts = np.bincount(out.tokens[g * per:(g + 1) * per, 0], minlength=8)
+        probs = _reference_probs(logits, t, k, p)
+        assert np.all(counts[probs == 0] == 0), (g, counts, probs)
+        kept = probs > 0
+        chi2 = float((((counts - per * probs) ** 2)[kept] / (per * probs[kept])).sum())
+        assert chi2 < _chi2_crit(int(kept.sum()) - 1), (g, chi2, counts, per * probs)
