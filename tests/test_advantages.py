@@ -93,7 +93,7 @@ def test_grpo_hand_padding_singleton_invalid():
 
 
 def test_grpo_all_fail_group_is_exactly_zero():
-    d = set_lengths(blank(1, 1, 4, 3), [[[3, 2, 3, 1]]])
+    d = set_lengths(blank(1, 1, 4, 5), [[[3, 2, 5, 1]]])
     d["episode_return"][:] = 0.3  # constant, not representable exactly: still exactly 0
     for algo in ALGOS:
         step, strat = run(d, algo)
@@ -232,7 +232,7 @@ def test_strata_beacon_groups_per_strategy():
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_invalid_penalty_on_invalid_steps_only(algo):
-    d = random_batch(np.random.default_rng(3), 2, 2, 3, 5)
+    d = random_batch(np.random.default_rng(3), 2, 2, 4, 4)
     d["invalid"][:] = False
     base, _ = run(d, algo)
     d["invalid"] = np.random.default_rng(4).random(d["invalid"].shape) < 0.3
@@ -271,7 +271,8 @@ def test_defaults_match_algorithms_md():
 
 # ---------------------------------------------------------------- reference on random batches
 
-SHAPES = [(1, 1, 4, 5), (2, 1, 3, 4), (2, 3, 3, 3), (3, 2, 4, 6)]
+# Few shapes, shared with the other tests below: each new shape is a new compilation per algo.
+SHAPES = [(1, 1, 4, 5), (2, 2, 4, 4), (3, 2, 3, 6)]
 
 
 def _hp(delta, gamma, kappa, lam):
@@ -302,7 +303,7 @@ def test_matches_reference(seed, shape, algo, delta, gamma, kappa, lam):
                                ("strata+beacon", dict(seg_norm="std"))]))
 def test_switches_match_reference(seed, switch):
     algo, kw = switch
-    d = random_batch(np.random.default_rng(seed), 2, 2, 3, 4)
+    d = random_batch(np.random.default_rng(seed), 2, 2, 4, 4)
     params = _hp(0.5, 0.95, 0.1, 1.0).replace(**kw)
     out = compute_advantages(TrajectoryBatch.from_numpy(**d), params, algo)
     ref_step, ref_strat = reference_advantages(d, hp_dict(params), algo)
@@ -311,10 +312,11 @@ def test_switches_match_reference(seed, switch):
 
 
 @settings(deadline=None, max_examples=25)
-@given(seed=st.integers(0, 2**31 - 1), algo=st.sampled_from(ALGOS), extra=st.sampled_from([1, 3]))
-def test_invariant_to_extra_padding_and_permutation(seed, algo, extra):
+@given(seed=st.integers(0, 2**31 - 1), algo=st.sampled_from(ALGOS))
+def test_invariant_to_extra_padding_and_permutation(seed, algo):
     rng = np.random.default_rng(seed)
     P, N, M, H = 2, 2, 4, 4
+    extra = 3
     d = random_batch(rng, P, N, M, H)
     step, strat = run(d, algo)
     # Extra padding steps in H (with junk in the padded fields) change nothing.

@@ -1,0 +1,123 @@
+"""Per-iteration diagnostics (ALGORITHMS.md section 6), jitted, on a TrajectoryBatch + Advantages.
+
+Ratios whose denominator is empty (no milestone steps, no CAR key, an empty horizon bucket) are
+reported as 0 next to their count, so a logger never sees NaN; read them together.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from strata_jax.advantages import Advantages
+from strata_jax.advantages.groups import dense_ids, index_grid
+from strata_jax.batch import TrajectoryBatch
+from strata_jax.diversity import cosine_distances
+
+ADV_TOL = 1e-6  # |A| above this counts as a non-zero advantage (ESU, CAR signs)
+# Horizon buckets on the expert plan length L*: short <= 4, medium 5-7, long > 7 (L* < 1: unknown).
+BUCKETS = {"short": (1, 4), "medium": (5, 7), "long": (8, 2**30)}
+
+
+def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
+    num, den = jnp.asarray(num, jnp.float32), jnp.asarray(den, jnp.float32)
+    return jnp.where(den > 0, num / jnp.maximum(den, 1e-30), 0.0)
+
+
+def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """CAR -> (ratio, number of keys).
+
+    Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
+    the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
+    Steps without an anchor or action id (negative) are left out.
+    """
+    shape = batch.shape
+    valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
+    kid = dense_ids((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid).reshape(-1)
+    nseg = valid.size
+    traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2]
+            + index_grid(shape, 2)).reshape(-1)
+    v = valid.reshape(-1)
+    a = step_adv.reshape(-1)
+    lo = jax.ops.segment_min(jnp.where(v, traj, jnp.iinfo(jnp.int32).max), kid, num_segments=nseg)
+    hi = jax.ops.segment_max(jnp.where(v, traj, -1), kid, num_segments=nseg)
+    shared = hi > lo  # [nseg] key seen in two or more distinct trajectories
+    pos = jax.ops.segment_max((v & (a > ADV_TOL)).astype(jnp.int32), kid, num_segments=nseg) > 0
+    neg = jax.ops.segment_max((v & (a < -ADV_TOL)).astype(jnp.int32), kid, num_segments=nseg) > 0
+    n_keys = shared.sum()
+    return _ratio((shared & pos & neg).sum(), n_keys), n_keys
+
+
+def _horizon_buckets(batch: TrajectoryBatch, won_t: jax.Array, tm: jax.Array) -> dict[str, jax.Array]:
+    """Success rate and task count per horizon bucket. won_t, tm: [P, N*M] f32."""
+    out = {}
+    task_has = tm.sum(-1) > 0  # [P]
+    for name, (lo, hi) in BUCKETS.items():
+        inb = (batch.horizon >= lo) & (batch.horizon <= hi)  # [P]
+        out[f"success_{name}"] = _ratio((won_t * inb[:, None]).sum(), (tm * inb[:, None]).sum())
+        out[f"tasks_{name}"] = (inb & task_has).sum().astype(jnp.int32)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("num_task_types",))
+def compute_diagnostics(
+    batch: TrajectoryBatch,
+    adv: Advantages,
+    task_type: jax.Array | None = None,  # [P] int in [0, num_task_types), for success by type
+    num_task_types: int = 0,
+) -> dict[str, jax.Array]:
+    """Scalars (and `success_by_type` [num_task_types]) describing one iteration."""
+    sm = batch.step_mask
+    a = jnp.where(sm, adv.step, 0.0)
+    n_steps = sm.sum()
+    tm = batch.traj_mask.reshape(batch.shape[0], -1).astype(jnp.float32)  # [P, N*M]
+    won = (batch.won.reshape(tm.shape) & (tm > 0)).astype(jnp.float32)
+    any_ms = (batch.milestone & sm).any(-1).reshape(tm.shape).astype(jnp.float32)
+    n_traj = tm.sum()
+    esu = _ratio((sm & (jnp.abs(a) > ADV_TOL)).sum(), n_steps)
+    ms = batch.milestone & sm
+    other = sm & ~batch.milestone
+    ms_mean = _ratio(jnp.abs(a).sum(where=ms), ms.sum())
+    other_mean = _ratio(jnp.abs(a).sum(where=other), other.sum())
+    car, car_keys = contradictory_action_ratio(batch, a)
+    out = {
+        "esu": esu,
+        "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0),
+        "car": car,
+        "car_keys": car_keys.astype(jnp.int32),
+        "ccr": _ratio(ms_mean, other_mean),
+        "milestone_steps": ms.sum().astype(jnp.int32),
+        "success": _ratio(won.sum(), n_traj),
+        "outcome_full": _ratio(won.sum(), n_traj),
+        "outcome_partial": _ratio((any_ms * (1.0 - won) * tm).sum(), n_traj),
+        "outcome_none": _ratio(((1.0 - any_ms) * (1.0 - won) * tm).sum(), n_traj),
+        "invalid_rate": _ratio((batch.invalid & sm).sum(), n_steps),
+        "judged_bad_rate": _ratio((batch.judged_bad & sm).sum(), n_steps),
+        "mean_episode_length": _ratio(n_steps, n_traj),
+        "num_trajectories": n_traj.astype(jnp.int32),
+        "num_steps": n_steps.astype(jnp.int32),
+    }
+    out.update(_horizon_buckets(batch, won, tm))
+    if num_task_types:
+        if task_type is None:
+            raise ValueError("compute_diagnostics: num_task_types > 0 needs task_type [P]")
+        tt = jax.nn.one_hot(task_type, num_task_types)  # [P, T]
+        out["success_by_type"] = _ratio(won.sum(-1) @ tt, tm.sum(-1) @ tt)
+    elif task_type is not None:
+        raise ValueError("compute_diagnostics: task_type given but num_task_types = 0")
+    return out
+
+
+@jax.jit
+def strategy_diversity(emb: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean pairwise cosine distance of each task's set: emb [P, N, D], mask [P, N] -> [P] f32.
+
+    Over the unordered pairs of valid members; a task with fewer than two valid members gives 0.
+    """
+    if emb.ndim != 3 or mask.shape != emb.shape[:2]:
+        raise ValueError(f"strategy_diversity: need emb [P, N, D] and mask [P, N], got {emb.shape}, {mask.shape}")
+    d = cosine_distances(emb)  # [P, N, N]
+    pair = mask[:, :, None] & mask[:, None, :] & ~jnp.eye(mask.shape[1], dtype=bool)
+    return _ratio(jnp.where(pair, d, 0.0).sum((1, 2)), pair.sum((1, 2)))
