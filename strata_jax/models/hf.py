@@ -268,9 +268,8 @@ def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", me
         used.update(names)
         values[our_path] = jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx])
     _check_extra(tensors, used, cfg)
-    for p, var in abs_flat.items():
-        var.set_value(values[p])
-    params = nnx.from_flat_state([(p, v) for p, v in abs_flat.items()])
+    # New Variables (same metadata): the abstract state handed to `shardings` stays abstract.
+    params = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in abs_flat.items()])
     if split:
         return (graphdef, params), cfg
     return nnx.merge(graphdef, params), cfg
