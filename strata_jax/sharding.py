@@ -35,6 +35,10 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": ("data", "fsdp"),
 }
 
+# Keys of a `config.mesh` section that are not mesh axes (see maybe_init_distributed).
+_MESH_CONFIG_KEYS = ("distributed", "enabled", "coordinator_address", "num_processes", "process_id",
+                     "local_device_ids")
+
 # Where different flax versions keep a Variable's logical axis names (newest first).
 _AXES_METADATA_KEYS = ("out_sharding", "sharding_names", "sharding")
 
@@ -50,7 +54,11 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int], devices: Sequence[Any] |
     takes all the devices the others leave. The product must equal the number of devices.
     """
     devices = list(jax.devices() if devices is None else devices)
+    if hasattr(shape, "to_dict"):  # ml_collections ConfigDict
+        shape = shape.to_dict()
     if isinstance(shape, Mapping):
+        # a whole `config.mesh` section may be passed: its non-axis keys are not shape entries
+        shape = {k: v for k, v in shape.items() if k not in _MESH_CONFIG_KEYS}
         unknown = sorted(set(shape) - set(MESH_AXES))
         if unknown:
             raise ShardingError(f"make_mesh: unknown mesh axis {unknown}; axes are {MESH_AXES}")
@@ -171,23 +179,23 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def maybe_init_distributed(cfg: Mapping[str, Any] | None) -> bool:
-    """Call `jax.distributed.initialize` when `cfg['enabled']`; return whether it is initialised.
+    """Call `jax.distributed.initialize` when enabled; return whether it is initialised.
 
-    cfg keys: enabled (bool), and optionally coordinator_address, num_processes, process_id,
-    local_device_ids. Missing ones are left to jax's auto-detection (SLURM, TPU pods).
-    Call before any other jax call that touches devices.
+    cfg: a `config.mesh` section or a dict with `enabled` (or `distributed`) and optionally
+    coordinator_address, num_processes, process_id, local_device_ids. Missing ones are left to
+    jax's auto-detection (SLURM, TPU pods). Call before any other jax call that touches devices.
     """
     if cfg is None:
         return False
     cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)  # ml_collections or dict
-    if not cfg.get("enabled", False):
-        return False
-    known = ("enabled", "coordinator_address", "num_processes", "process_id", "local_device_ids")
-    unknown = sorted(set(cfg) - set(known))
+    unknown = sorted(set(cfg) - set(_MESH_CONFIG_KEYS) - set(MESH_AXES))
     if unknown:
-        raise ShardingError(f"distributed config: unknown key(s) {unknown}; allowed: {list(known)}")
+        raise ShardingError(
+            f"distributed config: unknown key(s) {unknown}; allowed: {list(_MESH_CONFIG_KEYS + MESH_AXES)}")
+    if not (cfg.get("enabled", False) or cfg.get("distributed", False)):
+        return False
     if jax.distributed.is_initialized():
         return True
-    kwargs = {k: cfg[k] for k in known[1:] if cfg.get(k) is not None}
+    kwargs = {k: cfg[k] for k in _MESH_CONFIG_KEYS[2:] if cfg.get(k) is not None}
     jax.distributed.initialize(**kwargs)
     return True

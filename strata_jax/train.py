@@ -1,0 +1,357 @@
+"""The policy update: TrainState, AdamW, and one jitted, sharded, donated train step.
+
+One `train_step` call is one optimiser step on one mini-batch (a TokenBatch [S, L]); the caller
+runs an epoch over the iteration's rows in mini-batches (`minibatches`). Inside the step the
+mini-batch is split into `micro_batches` along S and the gradient is accumulated with `lax.scan`:
+loss sums, gradient sums and counts are added up and divided once, so any micro-batch count gives
+the update of the full mini-batch.
+
+Step semantics:
+  - `step` counts train_step calls; the optimiser's own counter (which drives the lr schedule)
+    advances only on applied updates.
+  - A non-finite loss or gradient leaves params and optimiser state unchanged and adds 1 to
+    `skipped`. A mini-batch without any loss token is not applied either (AdamW would still decay
+    the weights on a zero gradient) and is not counted as skipped; `tokens` reports 0.
+  - `rng` is a raw uint32 key (checkpointable), split once per step for future stochastic layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from strata_jax.batch import TokenBatch
+from strata_jax.loss import LossConfig, combine_metrics, empty_metrics, finalize_metrics, policy_loss
+from strata_jax.models.heads import token_logprobs
+from strata_jax.sharding import data_sharding, param_shardings, replicated, shard_params
+
+SCHEDULES = ("constant", "warmup_cosine")
+
+
+@struct.dataclass
+class TrainState:
+    params: Any  # nnx.State of nnx.Param
+    opt_state: Any  # optax state (its moments keep the Param wrappers, hence their logical axes)
+    step: jax.Array  # i32 []: train_step calls so far
+    rng: jax.Array  # u32 [2]: raw key data
+    skipped: jax.Array  # i32 []: updates skipped for a non-finite loss or gradient
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimiser
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # global-norm clip, before AdamW
+    schedule: str = "constant"  # "constant" (after an optional linear warmup) | "warmup_cosine"
+    warmup_steps: int = 0
+    end_lr_ratio: float = 0.0  # warmup_cosine: final lr = lr * end_lr_ratio
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+
+def optimizer_config(cfg: OptimizerConfig | Mapping | None) -> OptimizerConfig:
+    """OptimizerConfig from itself, None (defaults) or a mapping such as `config.train`.
+
+    Keys of a mapping that are not optimiser fields (the loss and batching keys of the same
+    section) are ignored; the config module validates key names.
+    """
+    if cfg is None:
+        return OptimizerConfig()
+    if isinstance(cfg, OptimizerConfig):
+        return cfg
+    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    names = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    return OptimizerConfig(**{k: v for k, v in d.items() if k in names})
+
+
+def make_schedule(cfg: OptimizerConfig, total_steps: int | None = None) -> optax.Schedule:
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"optimizer schedule {cfg.schedule!r} is unknown; choose from {SCHEDULES}")
+    if cfg.schedule == "warmup_cosine":
+        if not total_steps or total_steps <= cfg.warmup_steps:
+            raise ValueError(
+                f"schedule 'warmup_cosine' needs total_steps > warmup_steps={cfg.warmup_steps}, got {total_steps}")
+        return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, total_steps,
+                                                  end_value=cfg.lr * cfg.end_lr_ratio)
+    if cfg.warmup_steps > 0:
+        return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
+                                     optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
+    return optax.constant_schedule(cfg.lr)
+
+
+def make_optimizer(cfg: OptimizerConfig | Mapping | None = None, total_steps: int | None = None
+                   ) -> optax.GradientTransformation:
+    """Global-norm clip, then AdamW (decoupled weight decay on every parameter) on a schedule."""
+    cfg = optimizer_config(cfg)
+    if cfg.grad_clip <= 0:
+        raise ValueError(f"grad_clip must be > 0, got {cfg.grad_clip}")
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                    weight_decay=cfg.weight_decay),
+    )
+
+
+def loss_config(train_cfg: Mapping) -> LossConfig:
+    """LossConfig from a `config.train` section; the entropy bonus is on iff entropy_coef != 0."""
+    d = train_cfg.to_dict() if hasattr(train_cfg, "to_dict") else dict(train_cfg)
+    keys = ("eps_low", "eps_high", "dual_clip", "kl_coef", "entropy_coef", "aggregation")
+    kw = {k: d[k] for k in keys if k in d}
+    return LossConfig(**kw, entropy_bonus=bool(kw.get("entropy_coef", 0.0)))
+
+
+# ----------------------------------------------------------------------------------------------
+# State and its shardings
+
+
+def _raw_key(rng) -> jax.Array:
+    if isinstance(rng, int):
+        rng = jax.random.key(rng)
+    if jax.dtypes.issubdtype(jnp.asarray(rng).dtype if not hasattr(rng, "dtype") else rng.dtype,
+                             jax.dtypes.prng_key):
+        rng = jax.random.key_data(rng)
+    rng = jnp.asarray(rng, jnp.uint32)
+    if rng.shape != (2,):
+        raise ValueError(f"rng: expected an int seed, a key, or uint32[2] key data, got shape {rng.shape}")
+    return rng
+
+
+def train_state_shardings(state: TrainState, mesh: Mesh, rules: Mapping | None = None) -> TrainState:
+    """NamedShardings for every leaf of a (concrete or abstract) TrainState."""
+    repl = replicated(mesh)
+    return TrainState(params=param_shardings(state.params, mesh, rules),
+                      opt_state=param_shardings(state.opt_state, mesh, rules),
+                      step=repl, rng=repl, skipped=repl)
+
+
+def abstract_train_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
+                         rules: Mapping | None = None) -> TrainState:
+    """ShapeDtypeStruct TrainState with shardings: a restore target that allocates nothing.
+
+    `params` may be concrete or abstract (e.g. `nnx.split(nnx.eval_shape(lambda: Decoder(...)))`).
+    """
+    def build(p):
+        return TrainState(params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32),
+                          rng=jnp.zeros((2,), jnp.uint32), skipped=jnp.zeros((), jnp.int32))
+
+    shapes = jax.eval_shape(build, params)
+    shardings = train_state_shardings(shapes, mesh, rules)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.GradientTransformation, rng,
+                     mesh: Mesh, rules: Mapping | None = None) -> TrainState:
+    """Place params on the mesh and build the optimiser state *already sharded* (jitted init)."""
+    jax.eval_shape(lambda p: nnx.merge(graphdef, p), params)  # params must fit the graphdef
+    params = shard_params(params, mesh, rules)
+    target = abstract_train_state(params, optimizer, mesh, rules)
+    shardings = jax.tree.map(lambda s: s.sharding, target)
+
+    def build(p, key):
+        return TrainState(params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32), rng=key,
+                          skipped=jnp.zeros((), jnp.int32))
+
+    init = jax.jit(build, in_shardings=(shardings.params, replicated(mesh)), out_shardings=shardings)
+    return init(params, jax.device_put(_raw_key(rng), replicated(mesh)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward: per-token log-probs
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """[S, L] i32: left padding -> positions = max(cumsum(mask) - 1, 0)."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def sequence_logprobs(graphdef, params, tokens, attention_mask, chunk_size: int = 8192,
+                      return_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """Teacher-forced log-prob of tokens[s, i] given tokens[s, :i]: [S, L] (column 0 is 0).
+
+    The hidden state at i - 1 predicts token i, so the [S, L - 1] head output is shifted right.
+    """
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(tokens, positions_from_mask(attention_mask), attention_mask)  # [S, L, D]
+    logp, ent = token_logprobs(hidden[:, :-1], model.unembed_kernel(), tokens[:, 1:], chunk_size,
+                               return_entropy)  # [S, L - 1]
+    pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))  # noqa: E731
+    return pad(logp), (pad(ent) if ent is not None else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Train step
+
+
+def _global_norm(tree) -> jax.Array:
+    tree_api = getattr(optax, "tree", None)  # optax >= 0.2.5; global_norm is deprecated there
+    return tree_api.norm(tree) if tree_api is not None and hasattr(tree_api, "norm") else optax.global_norm(tree)
+
+
+def _tree_where(pred, a, b):
+    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
+
+
+def _split_micro(batch: TokenBatch, k: int) -> TokenBatch:
+    """[S, ...] -> [k, S / k, ...]; micro-batch j takes rows j, j + k, ... .
+
+    Strided rather than blocked: with S split over devices in contiguous blocks (and S divisible
+    by k * devices), every micro-batch stays spread over all devices with no data movement.
+    """
+    def one(x):
+        x = x.reshape(x.shape[0] // k, k, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return jax.tree.map(one, batch)
+
+
+def _check_batch(batch: TokenBatch, micro_batches: int, n_data: int) -> None:
+    s, length = batch.tokens.shape
+    for name in ("attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage"):
+        if getattr(batch, name).shape != (s, length):
+            raise ValueError(f"TokenBatch.{name}: shape {getattr(batch, name).shape} != tokens shape {(s, length)}")
+    if batch.row_index.shape != (s, 4) or batch.row_valid.shape != (s,):
+        raise ValueError(f"TokenBatch.row_index / row_valid: expected [{s}, 4] / [{s}], got "
+                         f"{batch.row_index.shape} / {batch.row_valid.shape}")
+    if s % (micro_batches * n_data):
+        raise ValueError(f"TokenBatch rows S={s} must be divisible by micro_batches={micro_batches} x "
+                         f"data-parallel devices={n_data} (pad with row_valid=False rows)")
+
+
+class TrainStep:
+    """`train_step(state, batch, lam_strategy) -> (state, metrics)`: one jax.jit, state donated.
+
+    The jit is built with in/out shardings from the state's logical axes; given `state_shardings`
+    it is built now, else at the first call (from that call's state). `.jitted` is the jax.jit
+    object (for `.lower(...)`). `lam_strategy` is the weight of strategy rows (traced scalar).
+    """
+
+    def __init__(self, step_fn: Callable, mesh: Mesh, rules, micro_batches: int,
+                 state_shardings: TrainState | None = None, compiler_options: dict | None = None):
+        self._fn, self.mesh, self.rules, self._options = step_fn, mesh, rules, compiler_options
+        self.micro_batches = micro_batches
+        self.jitted = None if state_shardings is None else self._build(state_shardings)
+
+    def _build(self, state_sh: TrainState):
+        repl = replicated(self.mesh)
+        return jax.jit(self._fn, in_shardings=(state_sh, data_sharding(self.mesh), repl),
+                       out_shardings=(state_sh, repl), donate_argnums=(0,), compiler_options=self._options)
+
+    def __call__(self, state: TrainState, batch: TokenBatch, lam_strategy=1.0):
+        # checked here too: jit validates the input shardings before tracing would reach it
+        _check_batch(batch, self.micro_batches, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        if self.jitted is None:
+            self.jitted = self._build(train_state_shardings(state, self.mesh, self.rules))
+        return self.jitted(state, batch, jnp.asarray(lam_strategy, jnp.float32))
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig,
+                    mesh: Mesh, rules: Mapping | None = None, micro_batches: int = 1, *,
+                    logprob_chunk: int = 8192, state_shardings: TrainState | None = None,
+                    compiler_options: dict | None = None) -> TrainStep:
+    """Build the jitted update. See the module docstring for step / skip semantics.
+
+    `compiler_options` go to `jax.jit` (tests on a loaded CPU use a low XLA optimisation level).
+    """
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    n_data = mesh.shape["data"] * mesh.shape["fsdp"]
+    dsh = data_sharding(mesh)
+
+    def micro_grads(params, mb: TokenBatch, lam):
+        """Gradient of the loss *sum* on one micro-batch, its count and its metrics."""
+        def f(p):
+            logp, ent = sequence_logprobs(graphdef, p, mb.tokens, mb.attention_mask, logprob_chunk,
+                                          loss_cfg.needs_entropy)
+            if ent is not None and not loss_cfg.entropy_bonus:
+                ent = jax.lax.stop_gradient(ent)
+            loss_sum, count, metrics = policy_loss(logp, mb, loss_cfg, lam, ent)
+            return loss_sum, (count, metrics)
+
+        (_, (count, metrics)), g = jax.value_and_grad(f, has_aux=True)(params)
+        return g, count, metrics
+
+    def step_fn(state: TrainState, batch: TokenBatch, lam):
+        _check_batch(batch, micro_batches, n_data)
+        p_sh = param_shardings(state.params, mesh, rules)
+        mbs = _split_micro(batch, micro_batches)
+
+        def body(carry, mb):
+            g_acc, c_acc, m_acc = carry
+            mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, dsh), mb)
+            g, c, m = micro_grads(state.params, mb, lam)
+            g_acc = jax.tree.map(jnp.add, g_acc, g)
+            return (jax.lax.with_sharding_constraint(g_acc, p_sh), c_acc + c, combine_metrics(m_acc, m)), None
+
+        first = jax.tree.map(lambda x: x[0], mbs)
+        _, _, m_shape = jax.eval_shape(micro_grads, state.params, first, lam)
+        zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, state.params), p_sh)
+        init = (zeros, jnp.zeros((), jnp.float32), empty_metrics(m_shape))
+        (g_sum, count, m_sum), _ = jax.lax.scan(body, init, mbs)
+
+        grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), g_sum)  # divide once
+        grad_norm = _global_norm(grads)
+        metrics = finalize_metrics(m_sum)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        apply = finite & (count > 0)
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        skipped = state.skipped + (~finite).astype(jnp.int32)
+        new_state = TrainState(
+            params=jax.lax.with_sharding_constraint(_tree_where(apply, new_params, state.params), p_sh),
+            opt_state=_tree_where(apply, new_opt, state.opt_state),
+            step=state.step + 1,
+            rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]),
+            skipped=skipped,
+        )
+        metrics.update(grad_norm=grad_norm, skipped=skipped, tokens=m_sum["ratio_mean"][1],
+                       applied=apply.astype(jnp.int32))
+        return new_state, metrics
+
+    return TrainStep(step_fn, mesh, rules, micro_batches, state_shardings, compiler_options)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mini-batches (host side)
+
+
+def minibatches(batch: TokenBatch, rows: int, seed: int | None = None) -> Iterator[TokenBatch]:
+    """One epoch over `batch` in mini-batches of exactly `rows` rows.
+
+    Rows are shuffled with `seed` (None: kept in order) and the last mini-batch is padded with
+    row_valid=False rows, so every mini-batch has the same shape (one compiled step).
+    """
+    if rows < 1:
+        raise ValueError(f"mini-batch rows must be >= 1, got {rows}")
+    host = jax.tree.map(np.asarray, batch)
+    s = host.tokens.shape[0]
+    order = np.arange(s) if seed is None else np.random.default_rng(seed).permutation(s)
+    n = -(-s // rows)
+    pad = n * rows - s
+    order = np.concatenate([order, np.full(pad, -1)])
+    for i in range(n):
+        idx = order[i * rows:(i + 1) * rows]
+        real = idx >= 0
+        take = np.where(real, idx, 0)
+
+        def pick(x, name):
+            y = x[take]
+            if name == "row_valid":
+                return y & real
+            if name in ("loss_mask", "attention_mask"):
+                return y & real[:, None]
+            return y
+
+        yield TokenBatch(**{f.name: pick(getattr(host, f.name), f.name) for f in dataclasses.fields(TokenBatch)})
