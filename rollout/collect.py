@@ -29,6 +29,7 @@ from rollout import judge as judge_mod
 from rollout import prompts
 from rollout.parsing import INVALID_REASONS, parse_action, parse_strategy
 from rollout.policy import Generation, Policy
+from strata_jax import diversity
 from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows
 
 MODES = ("strata", "flat")
@@ -89,19 +90,25 @@ class RolloutConfig:
 
     @classmethod
     def from_config(cls, c: Any, eval_mode: bool = False) -> "RolloutConfig":
-        """From the ml_collections run config (configs/base.py)."""
+        """From the ml_collections run config (configs/base.py).
+
+        `eval_mode`: one trajectory per task (StraTA: one strategy, no oversampling), no judgment.
+        """
         strata = c.algo.name.startswith("strata")
         intro = (prompts.INTRO if c.env.name != "scienceworld"
                  else "You are an agent in a text-based science experiment environment.")
-        return cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
-                   num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
-                   oversample=c.algo.oversample, diverse=c.algo.diverse,
-                   judgment=c.algo.judgment and not eval_mode, judge_train=c.algo.judge_train,
-                   revise_every=c.algo.revise_every, max_steps=c.env.max_steps,
-                   history_length=c.env.history_length, r_succ=c.algo.r_succ,
-                   strategy_budget=c.algo.strategy_budget,
-                   length_buckets=tuple(c.train.length_buckets),
-                   row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
+        cfg = cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
+                  num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
+                  oversample=c.algo.oversample, diverse=c.algo.diverse, judgment=c.algo.judgment,
+                  judge_train=c.algo.judge_train, revise_every=c.algo.revise_every,
+                  max_steps=c.env.max_steps, history_length=c.env.history_length,
+                  r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
+                  length_buckets=tuple(c.train.length_buckets),
+                  row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
+        if eval_mode:
+            cfg = dataclasses.replace(cfg, group_size=1, num_strategies=1, traj_per_strategy=1,
+                                      oversample=1, diverse=False, judgment=False)
+        return cfg
 
 
 @dataclass
@@ -269,7 +276,8 @@ def _strategies(policy: Policy, st: _State, cfg: RolloutConfig) -> None:
     K = cfg.oversample * st.N
     live = [p for p in range(st.P) if st.first_obs[p] is not None]
     keys = [(p, k) for p in live for k in range(K)]
-    msgs = [prompts.strategy_prompt(st.task_line[p], st.first_obs[p], intro=cfg.intro)
+    words = prompts.STRATEGY_WORDS if cfg.strategy_budget is None else max(cfg.strategy_budget * 3 // 4, 1)
+    msgs = [prompts.strategy_prompt(st.task_line[p], st.first_obs[p], max_words=words, intro=cfg.intro)
             for p, _ in keys]
     gens = _generate(policy, st, msgs, "strategy", keys) if keys else []
     by_key = dict(zip(keys, gens))
@@ -290,15 +298,11 @@ def _strategies(policy: Policy, st: _State, cfg: RolloutConfig) -> None:
 
 def _candidate_arrays(st: _State, by_key: dict, K: int, diverse: bool):
     """embeddings [P, K, D], candidate mask [P, K], start scores [P, K] (mean token log-prob)."""
-    dim = 1
-    for g in by_key.values():
-        if g.embedding is None:
-            if diverse:
-                raise ValueError("diverse strategy selection needs Generation.embedding; the policy "
-                                 "returned None (set diverse=False or enable embeddings)")
-        else:
-            dim = len(g.embedding)
-            break
+    embs = [g.embedding for g in by_key.values()]
+    if diverse and any(v is None for v in embs):
+        raise ValueError("diverse strategy selection needs Generation.embedding for every strategy; "
+                         "the policy returned None (set diverse=False or enable embeddings)")
+    dim = next((len(v) for v in embs if v is not None), 1)
     emb = np.zeros((st.P, K, dim), np.float32)
     cand = np.zeros((st.P, K), bool)
     score = np.full((st.P, K), -np.inf, np.float32)
@@ -314,10 +318,8 @@ def _candidate_arrays(st: _State, by_key: dict, K: int, diverse: bool):
 def select_strategies(emb: np.ndarray, cand: np.ndarray, score: np.ndarray, n: int,
                       diverse: bool) -> tuple[np.ndarray, np.ndarray]:
     """indices [P, n] into the K candidates and kept [P, n] (ALGORITHMS 3.2)."""
-    from strata_jax import diversity
-
     if diverse:
-        idx, kept = diversity.farthest_point(emb, cand, score, n)
+        idx, kept = diversity.farthest_point_select(emb, cand, score, n)
     else:
         idx, kept = diversity.first_n(cand, n)
     return np.asarray(idx), np.asarray(kept)

@@ -142,8 +142,10 @@ class ScriptedPolicy:
             logp = fake_logprob(response)
         else:
             logp = np.full(len(response), reply.mean_logprob, np.float32)
-        emb = (fake_embedding(reply.text, self.embed_dim) if reply.embedding is None
-               else np.asarray(reply.embedding, np.float32))
+        if reply.embedding is not None:
+            emb = np.asarray(reply.embedding, np.float32)
+        else:  # like the sampler: embeddings only for strategies, where diversity needs them
+            emb = fake_embedding(reply.text, self.embed_dim) if kind == "strategy" else None
         return Generation(text=reply.text, prompt_ids=fake_token_ids(messages_text(messages), self.vocab),
                           response_ids=response, logprobs=logp, embedding=emb,
                           finish_reason=reply.finish_reason).check()
