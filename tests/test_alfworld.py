@@ -192,7 +192,7 @@ def test_same_text_as_stock_textworld(alf_data):
     for name in (APPLE, LAMP):
         obs, info = env.reset(seed=seed_of(env, name))
         rows, actions = [[obs, info["admissible_commands"], False]], []
-        for _ in range(12):  # a random walk over admissible commands, with an invalid one
+        for _ in range(10):  # a random walk over admissible commands, with an invalid one
             a = rng.choice(info["admissible_commands"] + ["take moon 1 from sky 1"])
             obs, _, _, _, info = env.step(a)
             actions.append(a)
@@ -207,3 +207,16 @@ def test_same_text_as_stock_textworld(alf_data):
 
 def info_gamefile(alf_data, env):
     return str(alf_data / "json_2.1.1" / env._loaded / "game.tw-pddl")
+
+
+def test_disk_cache_of_translations(alf_data, tmp_path, monkeypatch):
+    from rollout.envs import alfworld
+
+    first = AlfWorldEnv(alf_data, split="valid_unseen", cache_dir=tmp_path)
+    want = first.reset(seed=7)
+    assert len(list(tmp_path.glob("*.pkl.z"))) == 1
+    alfworld._GAME_CACHE.data.clear()  # force a load: it must come from disk, not the translator
+    monkeypatch.setattr(alfworld, "_pddl2sas", lambda *a: pytest.fail("translated again"))
+    second = AlfWorldEnv(alf_data, split="valid_unseen", cache_dir=tmp_path)
+    assert second.reset(seed=7) == want
+    assert second.step("look") == first.step("look")

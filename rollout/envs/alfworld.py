@@ -11,7 +11,9 @@ admissible command on every step (~0.2 s). This module keeps the engine but (a) 
 translation per game and reloads it into the C planner library on reset, (b) memoises the two pure
 parse functions and makes the derivation context copy shallow (the derivation only rebinds keys
 of the copied dicts, it never mutates the entity objects). Observations and admissible commands
-are unchanged; tests compare them with stock TextWorld's.
+are unchanged; tests compare them with stock TextWorld's. With `cache_dir`, translations are also
+kept on disk (keyed by the game file's content), so other workers and later runs load a new game
+in ~20 ms instead of ~1 s.
 
 Milestones (ALGORITHMS.md section 4):
   "facts" (default): a goal-relevant fact becomes true for the first time, read from the engine's
@@ -27,11 +29,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import sys
+import zlib
 from collections import Counter, OrderedDict, defaultdict
 from typing import Any
 
@@ -113,6 +118,8 @@ def _engine_classes():
     class FastPddlEnv(PddlEnv):
         """PddlEnv whose load/reset reuse a per-game cache (logic, SAS task, initial facts)."""
 
+        cache_dir: str | None = None
+
         def load(self, path: str) -> None:
             self._game_file = path
             entry = _GAME_CACHE.get(path)
@@ -124,8 +131,24 @@ def _engine_classes():
             self._entity_infos = self._get_entity_infos()
 
         def _translate(self, path: str):
-            with open(path) as f:
-                data = json.load(f)
+            with open(path, "rb") as f:
+                raw = f.read()
+            disk = None
+            if self.cache_dir:  # translations shared by workers and runs, keyed by content
+                disk = os.path.join(self.cache_dir, hashlib.sha1(raw).hexdigest() + ".pkl.z")
+                if os.path.exists(disk):
+                    with open(disk, "rb") as f:
+                        return pickle.loads(zlib.decompress(f.read()))
+            entry = self._translate_text(json.loads(raw))
+            if disk:
+                os.makedirs(self.cache_dir, exist_ok=True)
+                tmp = f"{disk}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(zlib.compress(pickle.dumps(entry, protocol=5), 1))
+                os.replace(tmp, disk)  # atomic: concurrent workers never read half a file
+            return entry
+
+        def _translate_text(self, data: dict):
             logic = pddl_logic.GameLogic(domain=data["pddl_domain"], grammar=data["grammar"])
             task, sas = _pddl2sas(logic.domain, data["pddl_problem"])
             for t in task.types:
@@ -340,11 +363,14 @@ class AlfWorldEnv(TextEnv):
     """One ALFWorld split as a TextEnv (see the module docstring)."""
 
     def __init__(self, data_dir: str, split: str = "train", max_steps: int = 50,
-                 milestones: str = "facts", task_types: tuple[str, ...] | None = None):
+                 milestones: str = "facts", task_types: tuple[str, ...] | None = None,
+                 cache_dir: str | None = None):
         super().__init__(max_steps)
         if milestones not in MILESTONE_MODES:
             raise ValueError(f"unknown milestones {milestones!r}; allowed: {', '.join(MILESTONE_MODES)}")
         self.data_dir, self.split, self.milestones = os.fspath(data_dir), split, milestones
+        # Optional folder for the per-game PDDL->SAS translations (~1 s each, 20 ms from disk).
+        self.cache_dir = os.fspath(cache_dir) if cache_dir else None
         games = list_games(self.data_dir, split)
         if task_types:
             games = [g for g in games if g.split(os.sep)[1].split("-")[0] in set(task_types)]
@@ -369,6 +395,7 @@ class AlfWorldEnv(TextEnv):
             _install_textworld_speedups()
             infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
             env = _engine_classes()(infos)
+            env.cache_dir = self.cache_dir
             for wrapper in (AlfredDemangler(shuffle=False), AlfredInfos):
                 env = wrapper(env)
             self._env = env
