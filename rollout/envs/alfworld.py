@@ -472,6 +472,11 @@ class AlfWorldEnv(TextEnv):
         }
         return obs, 0.0, self.won, truncated, info
 
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env, self._loaded = None, None
+
     def _milestone(self, command: str) -> str | None:
         if self.milestones == "facts":
             return self.tracker.update(self.state["_facts"])

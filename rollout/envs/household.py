@@ -192,10 +192,10 @@ def _generate(seed: int, lo: int, hi: int, types: tuple[str, ...], n_extra: int,
         return add(rng.choice(pool))
 
     if task_type == "look_at_obj_in_light":
-        src = add(rng.choice(LAMP_HOSTS)) if not f["lamp_away"] else source(f["src_closed"])
-        lamp_host = src if not f["lamp_away"] else add(rng.choice(LAMP_HOSTS))
-        if lamp_host == src and f["lamp_away"]:
-            raise AssertionError("lamp must be away")
+        if f["lamp_away"]:  # the lamp stands on its own desk / sidetable
+            src, lamp_host = source(f["src_closed"]), add(rng.choice(LAMP_HOSTS))
+        else:
+            src = lamp_host = add(rng.choice(LAMP_HOSTS))
     else:
         src = source(f["src_closed"])
         lamp_host = add(rng.choice(LAMP_HOSTS)) if rng.random() < 0.5 else None
