@@ -17,6 +17,7 @@ A crashed environment never stops the run: its trajectory keeps its slot with st
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -476,6 +477,18 @@ def collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig)
     advantage are zeros for the trainer to fill.
     """
     cfg.validate()
+    # The iteration allocates ~10^5 small objects (texts, generations); cyclic GC passes over them
+    # cost up to a third of the non-policy time, and nothing here creates cycles that matter.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        return _collect(envs, policy, tasks, cfg)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig) -> RolloutResult:
     t0 = time.perf_counter()
     pool = as_pool(envs)
     st = _State(tasks, cfg)

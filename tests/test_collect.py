@@ -214,6 +214,15 @@ def test_judgment_off_and_unwired_options_raise():
         collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1], flat_cfg(revise_every=3))
 
 
+def test_rows_are_padded_to_the_configured_length_bucket():
+    res = collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1],
+                  flat_cfg(judgment=False, length_buckets=(8, 1000)))
+    assert res.tokens.tokens.shape == (24, 1000)
+    with pytest.raises(ValueError, match="largest length bucket 8"):
+        collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1],
+                flat_cfg(judgment=False, length_buckets=(8,)))
+
+
 def test_crash_on_reset_is_masked_and_counted():
     envs = flat_envs()
     envs[0] = Corridor(max_steps=4, crash_on=("reset", 0))
