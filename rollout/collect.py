@@ -17,6 +17,7 @@ A crashed environment never stops the run: its trajectory keeps its slot with st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import hashlib
 import time
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from rollout import judge as judge_mod
 from rollout import prompts
 from rollout.parsing import INVALID_REASONS, parse_action, parse_strategy
+from rollout.envs.vector import SerialEnvPool
 from rollout.policy import Generation, Policy
 from strata_jax import diversity
 from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows
@@ -143,39 +145,15 @@ class EnvOut:
     error: str = ""
 
 
-class ListPool:
-    """Serial in-process pool over a list of TextEnvs; an exception in an env is a crash record."""
-
-    def __init__(self, envs: Sequence[Any]):
-        self.envs = list(envs)
-
-    @property
-    def num_envs(self) -> int:
-        return len(self.envs)
-
-    def reset(self, env_indices, seeds):
-        return [self._call(i, "reset", seed=int(s)) for i, s in zip(env_indices, seeds)]
-
-    def step(self, env_indices, actions):
-        return [self._call(i, "step", a) for i, a in zip(env_indices, actions)]
-
-    def _call(self, i, method, *args, **kw):
-        try:
-            return getattr(self.envs[i], method)(*args, **kw)
-        except Exception as e:  # noqa: BLE001 - any env failure is a crash of that trajectory
-            return EnvOut(crashed=True, error=f"{type(e).__name__}: {e}")
-
-
 def as_pool(envs: Any) -> Any:
-    """A list of envs becomes a ListPool; anything with batched reset/step is used as is."""
-    return ListPool(envs) if isinstance(envs, (list, tuple)) else envs
+    """A list of env instances runs in-process through SerialEnvPool; a pool is used as is."""
+    if isinstance(envs, (list, tuple)):
+        return SerialEnvPool([functools.partial(_same, env) for env in envs])
+    return envs
 
 
-def _num_envs(pool: Any) -> int:
-    for name in ("num_envs", "num_workers_envs", "size"):
-        if hasattr(pool, name):
-            return int(getattr(pool, name))
-    return len(pool)
+def _same(env: Any) -> Any:
+    return env
 
 
 def to_env_out(r: Any, is_reset: bool) -> EnvOut:
@@ -223,6 +201,7 @@ class _State:
         self.candidates: list[list[str]] = [[] for _ in range(self.P)]
         self.judge_texts: dict[tuple[int, int, int], str] = {}
         self.policy_s = self.env_s = 0.0
+        self.cut_at_horizon = 0
         self.sampled_tokens = 0
 
     def pnm(self, e: int) -> tuple[int, int, int]:
@@ -348,6 +327,7 @@ def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> Non
             _record_step(st, e, t, g, pa, to_env_out(r, is_reset=False))
         bar.update(1)
     bar.close()
+    st.cut_at_horizon = int(st.alive.sum())  # still running after H steps (env budget > H)
     st.alive[:] = False
 
 
@@ -492,8 +472,8 @@ def _collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig
     t0 = time.perf_counter()
     pool = as_pool(envs)
     st = _State(tasks, cfg)
-    if _num_envs(pool) < st.E:
-        raise ValueError(f"the pool has {_num_envs(pool)} envs; P*N*M = {st.P}*{st.N}*{st.M} = {st.E} needed")
+    if pool.num_envs < st.E:
+        raise ValueError(f"the pool has {pool.num_envs} envs; P*N*M = {st.P}*{st.N}*{st.M} = {st.E} needed")
     _reset(pool, st)
     if cfg.mode == "strata":
         _strategies(policy, st, cfg)
@@ -517,6 +497,7 @@ def _stats(st: _State, tokens: TokenBatch) -> dict[str, float]:
         "trajectories": float(st.E),
         "crashed": float(st.crashed.sum()),
         "unrun": float((~st.crashed & ~in_batch).sum()),
+        "cut_at_horizon": float(st.cut_at_horizon),
         "in_batch": float(in_batch.sum()),
         "steps": float(steps.sum()),
         "invalid": float(invalid.sum()),

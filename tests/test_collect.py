@@ -223,6 +223,14 @@ def test_rows_are_padded_to_the_configured_length_bucket():
                 flat_cfg(judgment=False, length_buckets=(8,)))
 
 
+def test_episodes_longer_than_h_are_cut_and_counted():
+    envs = [Corridor(max_steps=10) for _ in range(6)]
+    res = collect(envs, ScriptedPolicy(lambda msgs, kind, key: WAIT), [0, 1],
+                  flat_cfg(judgment=False))
+    assert np.asarray(res.traj.step_mask).all() and res.stats["cut_at_horizon"] == 6
+    assert not np.asarray(res.traj.won).any()
+
+
 def test_crash_on_reset_is_masked_and_counted():
     envs = flat_envs()
     envs[0] = Corridor(max_steps=4, crash_on=("reset", 0))
