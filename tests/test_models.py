@@ -83,10 +83,16 @@ def _ref_logits(model, tokens, pos, mask):
     return out.logits.float().numpy()
 
 
+@nnx.jit
+def _forward(model, tokens, pos, mask):
+    hidden, cache = model(tokens, pos, mask)
+    return model.logits(hidden), hidden.dtype == jnp.bfloat16, cache is None
+
+
 def _logits(model, tokens, pos, mask):
-    hidden, cache = model(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
-    assert cache is None
-    return np.asarray(model.logits(hidden))
+    logits, _, no_cache = _forward(model, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
+    assert no_cache
+    return np.asarray(logits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,10 +130,10 @@ def test_bf16_logits_within_bound(hf_models, name):
     model, _ = load_hf_model(path, dtype="bfloat16", param_dtype="bfloat16")
     assert model.embed_tokens.embedding[...].dtype == jnp.bfloat16
     tokens, pos, mask = _batch()
-    hidden, _ = model(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
-    assert hidden.dtype == jnp.bfloat16
+    logits, is_bf16, _ = _forward(model, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
+    assert is_bf16  # hidden states in the compute dtype
     theirs = _ref_logits(ref, tokens, pos, mask)
-    diff = np.abs(np.asarray(model.logits(hidden)) - theirs)[mask]
+    diff = np.abs(np.asarray(logits) - theirs)[mask]
     assert diff.max() <= BF16_REL_BOUND * np.abs(theirs).max(), (diff.max(), np.abs(theirs).max())
 
 
@@ -190,26 +196,39 @@ def _grads(model, tokens, pos, mask):
         hidden, _ = m(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask))
         return (m.logits(hidden) * w).sum()
 
-    jaxpr = str(jax.make_jaxpr(loss)(params))
+    jaxpr = str(jax.make_jaxpr(loss)(params))  # tracing only: cheap
     return jax.jit(jax.grad(loss))(params), jaxpr
 
 
-@pytest.mark.parametrize("scan", [False, True])
-def test_remat_gives_same_gradients(hf_models, scan):
+def _has_remat(jaxpr: str) -> bool:
+    return "remat" in jaxpr or "checkpoint" in jaxpr
+
+
+def test_remat_gives_same_gradients(hf_models):
+    """Scanned layers (the training setting); the unrolled path uses the same checkpoint wrapper."""
     path, _ = hf_models["llama_odd_hidden_gqa3"]
-    plain, _ = load_hf_model(path, scan_layers=scan)
-    remat, _ = load_hf_model(path, scan_layers=scan, remat=True)
+    plain, _ = load_hf_model(path, scan_layers=True)
+    remat, _ = load_hf_model(path, scan_layers=True, remat=True)
     tokens, pos, mask = _batch()
     g1, jaxpr1 = _grads(plain, tokens, pos, mask)
     g2, jaxpr2 = _grads(remat, tokens, pos, mask)
-    assert "remat" not in jaxpr1 and "checkpoint" not in jaxpr1
-    assert "remat" in jaxpr2 or "checkpoint" in jaxpr2  # the option is really applied
+    assert not _has_remat(jaxpr1) and _has_remat(jaxpr2)  # the option is really applied
     leaves1, leaves2 = jax.tree.leaves(g1), jax.tree.leaves(g2)
     assert len(leaves1) == len(leaves2) > 0
     for a, b in zip(leaves1, leaves2):
         a, b = np.asarray(a), np.asarray(b)
         assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())
     assert max(np.abs(np.asarray(x)).max() for x in leaves1) > 0
+
+
+def test_remat_applied_unrolled(hf_models):
+    path, _ = hf_models["llama_odd_hidden_gqa3"]
+    tokens, pos, mask = (jnp.asarray(x) for x in _batch())
+    for remat in (False, True):
+        model, _ = load_hf_model(path, remat=remat)
+        graphdef, params = nnx.split(model)
+        jaxpr = str(jax.make_jaxpr(lambda p: nnx.merge(graphdef, p)(tokens, pos, mask)[0])(params))
+        assert _has_remat(jaxpr) == remat
 
 
 # ----------------------------------------------------------------------------------------------
