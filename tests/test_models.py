@@ -245,7 +245,8 @@ def test_sharded_equals_single_device(hf_models, scan):
     path, _ = hf_models["qwen2_gqa4"]  # heads 8, kv heads 2, hidden 48, mlp 48, vocab 97
     single, _ = load_hf_model(path, scan_layers=scan)
     (graphdef, params), _ = load_hf_model(path, mesh=mesh, rules=RULES, scan_layers=scan, split=True)
-    q = params["layers"]["self_attn"]["q_proj"]["kernel"] if scan else params["layers"][0]["self_attn"]["q_proj"]["kernel"]
+    layer = params["layers"] if scan else params["layers"][0]
+    q = layer["self_attn"]["q_proj"]["kernel"]
     want = PartitionSpec(None, "fsdp", "tensor", None) if scan else PartitionSpec("fsdp", "tensor", None)
     assert q[...].sharding.spec == want
 
@@ -275,7 +276,8 @@ def test_every_param_has_logical_axes(scan):
     assert len(flat_p) == len(flat_a) == len(jax.tree.leaves(nnx.state(model)))  # only Params
     for p, a in zip(flat_p, flat_a):
         assert len(a) == p.ndim and set(a) <= ALLOWED_AXES
-    q_axes = axes["layers"]["self_attn"]["q_proj"]["kernel"] if scan else axes["layers"][0]["self_attn"]["q_proj"]["kernel"]
+    layer = axes["layers"] if scan else axes["layers"][0]
+    q_axes = layer["self_attn"]["q_proj"]["kernel"]
     assert q_axes == (("layers",) if scan else ()) + ("embed", "heads", "head_dim")
     assert axes["lm_head"] == ("embed", "vocab") and axes["embed_tokens"]["embedding"] == ("vocab", "embed")
 

@@ -1,9 +1,10 @@
 """Hugging Face checkpoints in and out: config.json + (sharded) safetensors <-> Decoder params.
 
 Loading never builds the model on the host: `nnx.eval_shape` gives the abstract parameter tree,
-then each tensor is read from a memory-mapped safetensors file, converted to our layout, and placed
-straight into its target sharding with `jax.make_array_from_callback` (each device only receives
-its own slice; on multi-host each process fills only its addressable shards).
+then one tensor at a time is read from a memory-mapped safetensors file, converted to our layout,
+and placed straight into its target sharding with `jax.make_array_from_callback` (each device
+receives only its slice; on multi-host each process fills only its addressable shards). Peak host
+memory is one converted tensor (one stacked [L, ...] tensor with scan_layers).
 
 safetensors is read and written by a small numpy reader/writer here instead of the `safetensors`
 package's numpy backend, because that backend cannot represent bfloat16 (numpy has no bf16; we
@@ -32,7 +33,6 @@ import numpy as np
 from flax import nnx
 
 from strata_jax.models.qwen2 import (
-    SUPPORTED_ARCHITECTURES,
     Decoder,
     ModelConfig,
     UnsupportedArchitectureError,
@@ -171,7 +171,7 @@ def _to_hf(ours: np.ndarray, conv: tuple, hf_shape_hint=None) -> np.ndarray:
     raise AssertionError(conv)
 
 
-def _hf_shape_ok(name: str, hf: np.ndarray, conv: tuple, shape: tuple) -> tuple:
+def _hf_shape(name: str, conv: tuple, shape: tuple) -> tuple:
     """The HF shape that maps onto our `shape` (for the mismatch message)."""
     kind = conv[0]
     if kind == "transpose":
@@ -297,7 +297,7 @@ def _read_converted(tensors, names, conv, shape, dtype):
 
 
 def _check_and_convert(name, hf, conv, shape):
-    want = _hf_shape_ok(name, hf, conv, shape)
+    want = _hf_shape(name, conv, shape)
     if tuple(hf.shape) != want:
         raise CheckpointMismatchError(
             f"tensor {name!r}: checkpoint shape {tuple(hf.shape)} but the config needs {want}")
