@@ -520,12 +520,13 @@ def _attention_mask(attention_mask, t: int, cache_index) -> jax.Array:
 # Logical axes
 
 
-def _axes_of(var: nnx.Variable):
+def _axes_of(var: nnx.Variable) -> tuple:
+    """Logical axes from the metadata key this flax version uses (newest name first)."""
     meta = var.get_metadata()
-    for key in ("out_sharding", "sharding", "sharding_names"):
-        if key in meta and meta[key] is not None:
+    for key in ("out_sharding", "sharding_names", "sharding"):
+        if meta.get(key) is not None:
             return tuple(meta[key])
-    return (None,) * var[...].ndim if hasattr(var, "__getitem__") else None
+    return (None,) * len(var.get_value().shape)  # an untagged Variable: replicated
 
 
 def param_logical_axes(model_or_state) -> Any:
