@@ -28,11 +28,25 @@ LOSS = LossConfig(kl_coef=0.05, entropy_bonus=True, entropy_coef=0.01)
 # compiles both sides with the same options.
 FAST = {"xla_backend_optimization_level": 0}
 _STEPS = {}
+_INITS = {}
+# AdamW with eps above the fp32 noise of near-zero gradient entries: with eps = 1e-8 an entry of
+# ~1e-8 whose value differs by 5% between reduction orders moves its update by ~1% of lr, which
+# would hide a real sharding error's size. A wrong gradient still moves params by O(lr).
+OPT = dict(lr=1e-3, eps=1e-3)
 
 
 def tiny_model(seed=0, **overrides):
-    """(graphdef, params) of a 2-layer, hidden-32, vocab-64 Qwen2 decoder."""
-    return nnx.split(Decoder(ModelConfig.from_hf({**TINY, **overrides}), rngs=nnx.Rngs(seed)))
+    """(graphdef, params) of a 2-layer, hidden-32, vocab-64 Qwen2 decoder.
+
+    Initialised in one jitted call: eager init compiles every random op separately (slow on
+    the shared CPU).
+    """
+    cfg = ModelConfig.from_hf({**TINY, **overrides})
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    key = tuple(sorted(overrides.items()))
+    if key not in _INITS:
+        _INITS[key] = jax.jit(lambda k: nnx.split(Decoder(cfg, rngs=nnx.Rngs(params=k)))[1], compiler_options=FAST)
+    return graphdef, _INITS[key](jax.random.key(seed))
 
 
 def random_batch(seed, S=16, L=12, vocab=64) -> TokenBatch:
@@ -65,7 +79,7 @@ def cached_step(mesh, micro_batches):
     key = (tuple(mesh.shape.items()), micro_batches)
     if key not in _STEPS:
         g, _ = tiny_model()
-        opt = T.make_optimizer(dict(lr=1e-3))
+        opt = T.make_optimizer(OPT)
         _STEPS[key] = (opt, T.make_train_step(g, opt, LOSS, mesh, sh.DEFAULT_RULES, micro_batches,
                                               compiler_options=FAST))
     return _STEPS[key]
@@ -157,10 +171,8 @@ def test_sharded_equals_single_device(shape):
     assert len({str(s.index) for s in q.addressable_shards}) > 1
     mu = state.opt_state[1][0].mu["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
     assert mu.sharding.spec == q.sharding.spec  # optimiser state sharded like its param
-    # fp32 reduction order differs across devices and Adam's m / sqrt(v) amplifies it where a
-    # gradient entry changes sign; 1e-5 is 1% of one step (lr 1e-3): a wrong gradient is O(lr).
     for a, b in zip(to_numpy(ref.params), to_numpy(state.params)):
-        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
     for k in ("loss", "grad_norm", "kl", "entropy"):
         np.testing.assert_allclose(m[-1][k], ref_m[-1][k], rtol=1e-5)
 
@@ -245,12 +257,12 @@ def test_minibatches_cover_each_row_once():
 _RESUME_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, jax
     sys.path.insert(0, {repo!r})
-    from tests.test_train import tiny_model, random_batch, LOSS, to_numpy
+    from tests.test_train import tiny_model, random_batch, LOSS, OPT, to_numpy
     from strata_jax import train as T, sharding as sh
     from strata_jax.checkpoint import Checkpointer
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     g, p = tiny_model(seed=123)  # different init: everything must come from the checkpoint
-    opt = T.make_optimizer(dict(lr=1e-3))
+    opt = T.make_optimizer(OPT)
     target = T.abstract_train_state(p, opt, mesh)
     ckpt = Checkpointer({ckpt!r}, async_save=False)
     state, extra = ckpt.restore_latest(target)
