@@ -100,6 +100,15 @@ def test_data_sharding_splits_batch():
     assert {s.data.shape for s in x.addressable_shards} == {(2, 3)}
 
 
+def test_mesh_config_section():
+    """A whole `config.mesh` section (ConfigDict with `distributed`) works for both calls."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict(dict(data=2, fsdp=-1, tensor=2, distributed=False))
+    assert dict(sh.make_mesh(c).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert sh.maybe_init_distributed(c) is False
+
+
 def test_maybe_init_distributed_disabled_and_bad_key():
     assert sh.maybe_init_distributed(None) is False
     assert sh.maybe_init_distributed({"enabled": False}) is False

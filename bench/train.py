@@ -1,0 +1,188 @@
+"""Training throughput of the policy update.
+
+Default (CPU): the tiny default model (strata_jax.models.tiny), our jitted train step (forward,
+chunked log-probs, PPO loss, backward, clip + AdamW) vs the same weights in transformers PyTorch
+(forward, log-softmax gather, the same PPO-clip loss, backward, clip + AdamW), one CPU thread
+each, same batch and length. Prints tokens/s of both and the ratio ours / torch.
+
+    python bench/train.py [--batch 8] [--length 128] [--iters 5]
+
+--gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
+bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
+peak = 989e12 (H200 dense bf16) per device.
+
+    python bench/train.py --gpu [--batch 16] [--length 2048] [--iters 10]
+    python bench/train.py --gpu --smoke      # tiny shape, runs on the CPU: checks the code path
+"""
+
+import os
+import sys
+
+GPU = "--gpu" in sys.argv and "--smoke" not in sys.argv
+if not GPU:  # one XLA thread, so the comparison with torch.set_num_threads(1) is like for like
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from strata_jax import sharding as sh  # noqa: E402
+from strata_jax import train as T  # noqa: E402
+from strata_jax.batch import TokenBatch  # noqa: E402
+from strata_jax.loss import LossConfig  # noqa: E402
+from strata_jax.models.qwen2 import Decoder, ModelConfig  # noqa: E402
+
+H200_BF16_PEAK = 989e12
+QWEN2_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                 num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                 rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+SMOKE = dict(QWEN2_05B, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)
+
+
+def make_batch(b: int, t: int, vocab: int, seed: int = 0) -> TokenBatch:
+    """Half the rows left-padded by t/4; the second half of every row is the trained response."""
+    r = np.random.default_rng(seed)
+    mask = np.ones((b, t), bool)
+    mask[::2, : t // 4] = False
+    tokens = np.where(mask, r.integers(1, vocab, (b, t)), 0).astype(np.int32)
+    loss_mask = mask & (np.arange(t)[None] >= t // 2)
+    logp = np.where(loss_mask, -np.log(vocab) + r.normal(0, 0.1, (b, t)), 0).astype(np.float32)
+    adv = np.where(loss_mask, np.repeat(r.normal(size=(b, 1)), t, 1), 0).astype(np.float32)
+    return TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss_mask, old_logp=logp, ref_logp=logp,
+                      advantage=adv, row_index=np.zeros((b, 4), np.int32), row_valid=np.ones(b, bool))
+
+
+def _time_steps(step, state, batch, iters):
+    """Median seconds per step after one warm-up (compile) step; the state is threaded through."""
+    state, m = step(state, batch, 1.0)
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        state, m = step(state, batch, 1.0)
+        jax.block_until_ready((state.step, m))
+        times.append(time.perf_counter() - t0)
+    if not np.isfinite(float(m["loss"])):
+        raise RuntimeError(f"benchmark produced a non-finite loss: {m}")
+    return float(np.median(times)), state
+
+
+def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192):
+    opt = T.make_optimizer(dict(lr=lr))
+    state = T.init_train_state(graphdef, params, opt, 0, mesh, sh.DEFAULT_RULES)
+    return T.make_train_step(graphdef, opt, LossConfig(track_entropy=False), mesh, sh.DEFAULT_RULES, 1,
+                             logprob_chunk=chunk), state
+
+
+def bench_cpu(args):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from strata_jax.models.hf import load_hf_model
+    from strata_jax.models.tiny import make_tiny_model
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as d:
+        path = make_tiny_model(d)
+        (graphdef, params), cfg = load_hf_model(path, split=True)
+        ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    b, t = args.batch, args.length
+    batch = make_batch(b, t, cfg.vocab_size)
+    mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    step, state = _jax_step(graphdef, params, mesh)
+    ours, _ = _time_steps(step, state, batch, args.iters)
+    theirs = _time_torch(ref, batch, args.iters)
+    print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
+          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f}")
+
+
+def _time_torch(model, batch: TokenBatch, iters: int) -> float:
+    """The same update in PyTorch: PPO clip (0.2, dual clip 3) + k3 KL, token mean, clip 1.0, AdamW."""
+    import torch
+
+    tokens = torch.tensor(batch.tokens.astype(np.int64))
+    mask = torch.tensor(batch.attention_mask.astype(np.int64))
+    pos = torch.tensor(np.maximum(np.cumsum(batch.attention_mask, 1) - 1, 0).astype(np.int64))
+    lm = torch.tensor(batch.loss_mask[:, 1:].astype(np.float32))
+    old, ref_lp, adv = (torch.tensor(x[:, 1:]) for x in (batch.old_logp, batch.ref_logp, batch.advantage))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    model.train()
+
+    def step():
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=pos).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        ratio = torch.exp(torch.clamp(logp - old, -20, 20))
+        pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2))
+        pg = torch.where(adv < 0, torch.minimum(pg, -3.0 * adv), pg)
+        q = torch.clamp(ref_lp - logp, -10, 10)
+        loss = ((pg + 0.01 * (torch.exp(q) - q - 1)) * lm).sum() / lm.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step()  # warm-up
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench_gpu(args):
+    spec = SMOKE if args.smoke else QWEN2_05B
+    cfg = ModelConfig.from_hf(spec, dtype="bfloat16", param_dtype="float32", scan_layers=True,
+                              remat=not args.no_remat)
+    mesh = sh.make_mesh({"fsdp": -1})
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    # random init on the devices, already sharded: the 0.5B fp32 params never exist on the host
+    out_sh = sh.param_shardings(abstract, mesh, sh.DEFAULT_RULES)
+    params = jax.jit(lambda: nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))[1], out_shardings=out_sh)()
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    b, t = (2, 32) if args.smoke else (args.batch, args.length)
+    batch = make_batch(b, t, cfg.vocab_size)
+    step, state = _jax_step(graphdef, params, mesh, chunk=args.chunk)
+    sec, _ = _time_steps(step, state, batch, 2 if args.smoke else args.iters)
+    tok_s = b * t / sec
+    n_dev = mesh.devices.size
+    mfu = 6 * n_params * tok_s / (H200_BF16_PEAK * n_dev)
+    kind = jax.devices()[0].device_kind
+    note = " (smoke: tiny shape, MFU meaningless)" if args.smoke else ""
+    print(f"train_step qwen2-0.5B-shape {n_params / 1e6:.1f}M params bf16 B={b} T={t} on {n_dev}x {kind}: "
+          f"{tok_s:,.0f} tok/s, {sec * 1e3:.1f} ms/step, MFU {100 * mfu:.1f}% of 989 TFLOP/s{note}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--length", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--gpu", action="store_true", help="MFU of a 0.5B-shaped model in bf16")
+    ap.add_argument("--smoke", action="store_true", help="with --gpu: tiny shape on any backend")
+    ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-prob head")
+    ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
+    args = ap.parse_args()
+    if args.smoke and not args.gpu:
+        ap.error("--smoke goes with --gpu")
+    if args.gpu:
+        args.batch, args.length, args.iters = args.batch or 16, args.length or 2048, args.iters or 10
+        bench_gpu(args)
+    else:
+        args.batch, args.length, args.iters = args.batch or 8, args.length or 128, args.iters or 5
+        bench_cpu(args)
+
+
+if __name__ == "__main__":
+    main()
