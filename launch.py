@@ -40,7 +40,11 @@ def _workdir(config) -> pathlib.Path:
 
 
 def main(argv: list[str]) -> int:
+    from absl import logging
+
     from configs.base import ConfigError, validate
+
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
 
     rest = argv[1:]
     if len(rest) > 1 or (rest and rest[0] not in MODES):

@@ -121,6 +121,9 @@ def base_config() -> mlc.ConfigDict:
     t.micro_batches = 1  # gradient accumulation inside one step
     t.length_buckets = (128, 256, 512, 1024, 2048)
     t.logprob_chunk = 8192  # vocabulary chunk for log-probs
+    # Re-score old log-probs with the training forward (as verl does) rather than trusting the
+    # sampler's: they agree in fp32, but differ in bf16, which would bias the PPO ratio.
+    t.recompute_old_logp = True
 
     # --- SFT warm start -------------------------------------------------------------------------
     f = c.sft = mlc.ConfigDict()

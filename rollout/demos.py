@@ -1,0 +1,120 @@
+"""Expert demonstrations for the SFT warm start, produced through the real rollout path.
+
+An expert "policy" answers every call of `collect` (strategy, actions, judgment) from the
+household solver's plan, so demonstration prompts are byte-for-byte the prompts RL will show the
+model. `ExpertPolicy` tokenizes with the real tokenizer; `corpus` (for training the tiny model's
+tokenizer before it exists) uses the scripted policy's fake ids and keeps the texts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from rollout.collect import RolloutConfig, collect
+from rollout.envs.household import HouseholdEnv, solve
+from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
+
+THINK = "<think>I follow my strategy.</think>"
+
+
+def strategy_text(plan: Sequence[str]) -> str:
+    """A plan summary: the commands without their 'from X' / 'with X' tails, in order."""
+    short = [re.sub(r" (from|with) .*$", "", c).replace(" in/on ", " in ") for c in plan]
+    return ", then ".join(short)
+
+
+def expert_script(tasks: Sequence[int], env_kwargs: dict) -> Callable[[Messages, str, Hashable], str]:
+    """script(messages, kind, key) -> the expert's answer; keys as `collect` passes them."""
+    plans = {p: solve(seed, **env_kwargs) for p, seed in enumerate(tasks)}
+
+    def script(messages: Messages, kind: str, key: Hashable) -> str:
+        if kind == "strategy":
+            p, _ = key
+            return f"<strategy>{strategy_text(plans[p])}</strategy>"
+        if kind == "action":
+            p, _, _, t = key
+            plan = plans[p]
+            return f"{THINK}<action>{plan[t] if t < len(plan) else 'look'}</action>"
+        return "<bad_steps>none</bad_steps>"  # the expert's steps all advance the task
+
+    return script
+
+
+class ExpertPolicy:
+    """A Policy with real token ids: prompt rendered with the chat template, response = script text.
+
+    Judge calls are answered too and kept in `judge_rows` (collect does not put judgment rows in
+    the TokenBatch), so SFT can teach the <bad_steps> format.
+    """
+
+    def __init__(self, tokenizer: Any, script: Callable[[Messages, str, Hashable], str], embed_dim: int = 8):
+        self.tokenizer, self.script, self.embed_dim = tokenizer, script, embed_dim
+        self.judge_rows: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def generate(self, prompts: list[Messages], kind: str,
+                 keys: Sequence[Hashable] | None = None) -> list[Generation]:
+        check_kind(kind)
+        keys = list(range(len(prompts))) if keys is None else list(keys)
+        out = []
+        for messages, key in zip(prompts, keys):
+            text = self.script(messages, kind, key)
+            prompt = np.asarray(self.tokenizer.encode(render(messages, self.tokenizer),
+                                                      add_special_tokens=False), np.int32)
+            resp = np.asarray(self.tokenizer.encode(text, add_special_tokens=False), np.int32)
+            if kind == "judge":
+                self.judge_rows.append((prompt, resp))
+            out.append(Generation(text=text, prompt_ids=prompt, response_ids=resp,
+                                  logprobs=np.zeros(len(resp), np.float32),
+                                  embedding=fake_embedding(text, self.embed_dim), finish_reason="stop"))
+        return out
+
+
+def household_kwargs(config: Any, eval_split: bool = False) -> dict:
+    return {"max_steps": int(config.env.max_steps),
+            "horizon": (int(config.env.horizon_min), int(config.env.horizon_max))}
+
+
+def demo_rollout_config(config: Any) -> RolloutConfig:
+    """One expert trajectory per task, in the run's own mode (strategy prompt included for StraTA)."""
+    import dataclasses
+
+    cfg = RolloutConfig.from_config(config)
+    return dataclasses.replace(cfg, group_size=1, num_strategies=1, traj_per_strategy=1, oversample=1,
+                               diverse=False, judgment=True, progress=False, length_buckets=None,
+                               row_multiple=8)
+
+
+def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
+    """Prompt and answer texts of expert episodes: what the tiny model's tokenizer is trained on."""
+    kw = household_kwargs(config)
+    tasks = list(range(seed_offset, seed_offset + num_tasks))
+    texts: list[str] = []
+    base = expert_script(tasks, kw)
+
+    def recording(messages, kind, key):
+        answer = base(messages, kind, key)
+        texts.extend(m["content"] for m in messages)
+        texts.append(answer)
+        return answer
+
+    envs = [HouseholdEnv(**kw) for _ in range(num_tasks)]
+    collect(envs, ScriptedPolicy(recording), tasks, demo_rollout_config(config))
+    return texts
+
+
+def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(prompt_ids, response_ids) of every expert call on `tasks`: strategies, actions, judgments."""
+    kw = household_kwargs(config)
+    policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw))
+    cfg = demo_rollout_config(config)
+    envs = [HouseholdEnv(**kw) for _ in range(len(tasks))]
+    res = collect(envs, policy, list(tasks), cfg)
+    tb = res.tokens
+    rows = []
+    for s in np.flatnonzero(np.asarray(tb.row_valid)):
+        tok, att, loss = (np.asarray(a[s]) for a in (tb.tokens, tb.attention_mask, tb.loss_mask))
+        rows.append((tok[att & ~loss], tok[loss]))
+    return rows + policy.judge_rows

@@ -1,0 +1,115 @@
+"""The policy the rollout loop calls, backed by the jitted JAX sampler.
+
+One `Sampler` per call kind (strategy / action / judge): each has its own token budget (static,
+part of the compiled program) and stop tags (traced). Prompts are chat messages rendered with the
+tokenizer's own chat template. Randomness is a pure function of (iteration key, call counter), so
+a resumed run draws the same samples as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+import jax
+import numpy as np
+
+from rollout.policy import FINISH_REASONS, Generation, Messages, check_kind, render
+from strata_jax.sampling import Sampler, SamplerConfig, SamplingParams
+
+# The closing tag that ends each kind's answer (rollout/prompts.py asks for these formats).
+STOP_TAGS = {"strategy": "</strategy>", "action": "</action>", "judge": "</bad_steps>"}
+
+
+def stop_sequences(tokenizer: Any, tag: str) -> list[list[int]]:
+    """Token ids of `tag` as it can appear after text: alone and after a space (BPE merges differ)."""
+    seqs = []
+    for variant in (tag, " " + tag):
+        ids = tokenizer.encode(variant, add_special_tokens=False)
+        if ids and ids not in seqs:
+            seqs.append(ids)
+    return seqs
+
+
+def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The chat end-of-turn and end-of-text ids the tokenizer knows."""
+    ids = set()
+    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"):
+        i = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+            ids.add(i)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ValueError("tokenizer has no end-of-turn / eos token: generation could never stop on EOS")
+    return tuple(sorted(ids))
+
+
+class JaxPolicy:
+    """`Policy` over the JAX sampler. `params` is swapped in by the trainer after each update."""
+
+    def __init__(self, graphdef: Any, params: Any, tokenizer: Any, budgets: dict[str, int], *,
+                 prompt_buckets: Sequence[int], batch_buckets: Sequence[int], temperature: float,
+                 top_p: float = 1.0, top_k: int = 0, mesh=None, cache_dtype: str | None = None, seed: int = 0):
+        self.params = params
+        self.tokenizer = tokenizer
+        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        eos = eos_ids(tokenizer)
+        self.samplers = {}
+        for kind, budget in budgets.items():
+            check_kind(kind)
+            cfg = SamplerConfig(max_new_tokens=int(budget), max_prompt_len=int(max(prompt_buckets)),
+                                prompt_buckets=tuple(prompt_buckets), max_batch=int(max(batch_buckets)),
+                                batch_buckets=tuple(batch_buckets), eos_ids=eos, pad_id=int(pad),
+                                cache_dtype=cache_dtype, return_embedding=(kind == "strategy"))
+            self.samplers[kind] = Sampler(graphdef, cfg, mesh=mesh)
+        self.stops = {k: stop_sequences(tokenizer, STOP_TAGS[k]) for k in budgets}
+        self.tokens_generated = 0
+        self.sample_seconds = 0.0
+        self.reseed(seed)
+
+    def reseed(self, seed: int, iteration: int = 0) -> None:
+        """Randomness for one iteration: a pure function of (seed, iteration, call number)."""
+        self._key = jax.random.fold_in(jax.random.key(seed), iteration)
+        self._calls = 0
+
+    @property
+    def num_compiles(self) -> int:
+        return sum(s.num_compiles for s in self.samplers.values())
+
+    def encode_prompt(self, messages: Messages) -> list[int]:
+        return self.tokenizer.encode(render(messages, self.tokenizer), add_special_tokens=False)
+
+    def generate(self, prompts: list[Messages], kind: str,
+                 keys: Sequence[Hashable] | None = None) -> list[Generation]:
+        import time
+
+        check_kind(kind)
+        if kind not in self.samplers:
+            raise ValueError(f"JaxPolicy has no sampler for kind {kind!r} (budgets: {sorted(self.samplers)})")
+        if not prompts:
+            return []
+        sampler = self.samplers[kind]
+        ids = [self.encode_prompt(m) for m in prompts]
+        limit = max(sampler.prompt_buckets)
+        too_long = [i for i, p in enumerate(ids) if len(p) > limit]
+        if too_long:
+            raise ValueError(f"{kind} prompt {too_long[0]} has {len(ids[too_long[0]])} tokens, more than the "
+                             f"largest prompt bucket {limit}: raise sampling.prompt_buckets")
+        key = jax.random.fold_in(self._key, self._calls)
+        self._calls += 1
+        t0 = time.perf_counter()
+        out = sampler.generate(self.params, ids, self.sampling, key, stop_sequences=self.stops[kind])
+        self.sample_seconds += time.perf_counter() - t0
+        self.tokens_generated += int(out.lengths.sum())
+        gens = []
+        for i, prompt_ids in enumerate(ids):
+            n = int(out.lengths[i])
+            resp = out.tokens[i, :n].astype(np.int32)
+            gens.append(Generation(
+                text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                prompt_ids=np.asarray(prompt_ids, np.int32), response_ids=resp,
+                logprobs=out.logprobs[i, :n].astype(np.float32),
+                embedding=None if out.embedding is None else out.embedding[i],
+                finish_reason=FINISH_REASONS[int(out.finish_reason[i])]).check())
+        return gens

@@ -1,0 +1,540 @@
+"""The training loop behind `launch.py`: rollout -> advantages -> update, with evaluation,
+checkpoints, exact resume, metrics and plots.
+
+Determinism (what makes kill-and-resume exact): every random choice of iteration i (its task
+seeds, the sampler's keys, the mini-batch order) is a pure function of (config.seed, i); the
+checkpoint after iteration i holds the train state, and the run restarts at i + 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from rollout import report
+from rollout.collect import RolloutConfig, collect
+from rollout.jax_policy import JaxPolicy
+from strata_jax import sharding
+from strata_jax.advantages import compute_advantages
+from strata_jax.advantages.params import AdvantageParams
+from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages, pad_token_rows
+from strata_jax.checkpoint import Checkpointer
+from strata_jax.diagnostics import compute_diagnostics
+from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
+from strata_jax.sampling import score
+from strata_jax.sft import make_sft_step
+from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
+                              make_train_step, minibatches, optimizer_config)
+
+BUCKETS = ("short", "medium", "long")
+
+
+# --------------------------------------------------------------------------------------------
+# set-up: mesh, model directory (tiny model + SFT when no path is given), environments
+
+
+def make_mesh(config) -> jax.sharding.Mesh:
+    sharding.maybe_init_distributed({"distributed": bool(config.mesh.distributed)})
+    n = jax.device_count()
+    data, tensor = int(config.mesh.data), int(config.mesh.tensor)
+    fsdp = int(config.mesh.fsdp) if config.mesh.fsdp > 0 else n // (data * tensor)
+    if data * fsdp * tensor != n:
+        raise ValueError(f"config.mesh data={data} x fsdp={fsdp} x tensor={tensor} != {n} devices")
+    return sharding.make_mesh({"data": data, "fsdp": fsdp, "tensor": tensor})
+
+
+def env_kwargs(config, split: str | None = None) -> dict:
+    e = config.env
+    if e.name == "household":
+        return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max))}
+    if e.name == "alfworld":
+        return {"data_dir": str(e.data_dir), "split": split or e.split, "max_steps": int(e.max_steps),
+                "milestones": config.algo.milestones}
+    return {"max_steps": int(e.max_steps)}
+
+
+def make_envs(config, count: int, split: str | None = None):
+    """A pool of `count` environments: in this process (num_workers = 0) or in worker processes.
+
+    Either way a crashing environment becomes a failure record (masked out and counted by the
+    rollout loop), never an exception that stops the run.
+    """
+    from rollout.envs.vector import EnvPool, SerialEnvPool
+
+    fns = [_EnvFactory(config.env.name, env_kwargs(config, split)) for _ in range(count)]
+    if config.env.num_workers > 0:
+        return EnvPool(fns, num_workers=int(config.env.num_workers), timeout_s=float(config.env.timeout_s))
+    return SerialEnvPool(fns)
+
+
+@dataclasses.dataclass
+class _EnvFactory:
+    """Picklable env constructor for worker processes."""
+
+    name: str
+    kwargs: dict
+
+    def __call__(self, *_):
+        from rollout.envs import make_env
+
+        return make_env(self.name, **self.kwargs)
+
+
+def num_tasks(config, split: str) -> int | None:
+    if config.env.name == "household":
+        return None
+    from rollout.envs import make_env
+
+    env = make_env(config.env.name, **env_kwargs(config, split))
+    n = getattr(env, "num_tasks", None)
+    if hasattr(env, "close"):
+        env.close()
+    return n
+
+
+def train_tasks(config, iteration: int, n_train: int | None) -> list[int]:
+    """The P task seeds of an iteration: a pure function of (seed, iteration)."""
+    rng = np.random.default_rng([int(config.seed), int(iteration), 17])
+    hi = int(config.env.eval_seed_offset) if n_train is None else int(n_train)
+    return [int(s) for s in rng.choice(hi, size=int(config.algo.tasks_per_iter), replace=hi < config.algo.tasks_per_iter)]
+
+
+def eval_tasks(config, n_eval: int | None) -> list[int]:
+    n = int(config.eval.num_tasks)
+    if n_eval is None:  # household: held-out seeds, disjoint from training seeds
+        return list(range(int(config.env.eval_seed_offset), int(config.env.eval_seed_offset) + n))
+    return list(range(min(n, n_eval)))
+
+
+def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
+    """The HF directory the run starts from: config.model.path, else the tiny model after SFT."""
+    if config.model.path:
+        path = pathlib.Path(config.model.path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"config.model.path={str(path)!r} has no config.json: not a model directory")
+        return path
+    sft_dir = workdir / "sft_model"
+    if (sft_dir / "config.json").exists():
+        return sft_dir
+    init_dir = workdir / "tiny_init"
+    if not (init_dir / "config.json").exists():
+        from rollout.demos import corpus
+        from strata_jax.models.tiny import make_tiny_model
+
+        m = config.model
+        make_tiny_model(init_dir, texts=corpus(config), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
+                        layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
+                        intermediate_size=int(m.tiny_intermediate), seed=int(config.seed))
+    if config.sft.steps <= 0:
+        return init_dir
+    run_sft(config, init_dir, sft_dir, mesh)
+    return sft_dir
+
+
+# --------------------------------------------------------------------------------------------
+# SFT warm start
+
+
+def _read_jsonl_demos(path: str, tokenizer) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows from a JSONL file of {"messages": [chat messages], "response": "..."}."""
+    from rollout.policy import render
+
+    rows = []
+    with open(path) as f:
+        for ln, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if not isinstance(d, dict) or "messages" not in d or "response" not in d:
+                raise ValueError(f"{path}:{ln}: each line needs 'messages' (chat list) and 'response' (str)")
+            p = tokenizer.encode(render(d["messages"], tokenizer), add_special_tokens=False)
+            r = tokenizer.encode(d["response"], add_special_tokens=False)
+            rows.append((np.asarray(p, np.int32), np.asarray(r, np.int32)))
+    return rows
+
+
+def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None:
+    """Next-token training on expert rows, then export to `out_dir` (HF format)."""
+    from rollout.demos import sft_rows
+
+    (graphdef, params), mcfg = load_hf_model(init_dir, dtype=config.model.dtype,
+                                             param_dtype=config.model.param_dtype, mesh=mesh, split=True)
+    tok = load_tokenizer(init_dir)
+    if config.sft.demos:
+        rows = _read_jsonl_demos(config.sft.demos, tok)
+    elif config.env.name == "household" or not config.model.path:
+        rows = sft_rows(config, tok, range(int(config.sft.num_tasks)))
+    else:
+        raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
+    length = max(len(p) + len(r) for p, r in rows)
+    length = next((b for b in sorted(config.train.length_buckets) if b >= length), None)
+    if length is None:
+        raise ValueError(f"an SFT row exceeds the largest train.length_buckets ({max(config.train.length_buckets)})")
+    opt = optax.chain(optax.clip_by_global_norm(1.0),
+                      optax.adamw(optax.warmup_cosine_decay_schedule(0.0, float(config.sft.lr), 20,
+                                                                     max(int(config.sft.steps), 21)),
+                                  weight_decay=0.0))
+    opt_state = opt.init(params)
+    step = make_sft_step(graphdef, opt, int(config.train.logprob_chunk))
+    rng = np.random.default_rng(int(config.seed) + 7)
+    b = int(config.sft.batch_rows)
+    bar = tqdm(range(int(config.sft.steps)), desc="sft", disable=not config.log.progress, dynamic_ncols=True)
+    loss = float("nan")
+    for _ in bar:
+        idx = rng.choice(len(rows), size=b, replace=len(rows) < b)
+        pk = pad_token_rows([rows[i][0] for i in idx], [rows[i][1] for i in idx],
+                            [np.zeros(len(rows[i][1]), np.float32) for i in idx], length, b,
+                            pad_id=int(tok.pad_token_id or 0))
+        params, opt_state, loss = step(params, opt_state, pk["tokens"], pk["attention_mask"], pk["loss_mask"])
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+    export_hf(params, mcfg, tok, out_dir)
+    (out_dir / "sft_info.json").write_text(json.dumps({"rows": len(rows), "steps": int(config.sft.steps),
+                                                       "final_loss": float(loss)}))
+
+
+# --------------------------------------------------------------------------------------------
+# the run: everything one training or evaluation needs
+
+
+class Run:
+    """Model, policy, update and checkpoints of one workdir."""
+
+    def __init__(self, config, workdir: pathlib.Path, for_training: bool = True):
+        self.config, self.workdir = config, pathlib.Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        self.mesh = make_mesh(config)
+        self.model_path = model_dir(config, self.workdir, self.mesh)
+        (graphdef, params), self.mcfg = load_hf_model(
+            self.model_path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=self.mesh,
+            scan_layers=bool(config.model.scan_layers), remat=bool(config.model.remat), split=True)
+        self.graphdef = graphdef
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        # The reference policy is the starting model; params are donated by the update, so copy.
+        self.ref_params = jax.tree.map(jnp.copy, params)
+        t = config.train
+        ocfg = optimizer_config({"lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
+                                 "schedule": t.schedule, "warmup_steps": t.warmup_steps})
+        self.optimizer = make_optimizer(ocfg, total_steps=None)
+        self.state = init_train_state(graphdef, params, self.optimizer, int(config.seed), self.mesh)
+        self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=1, keep=int(config.checkpoint.keep),
+                                 async_save=bool(config.checkpoint.async_save))
+        self.start_iteration = 1
+        restored = self.ckpt.restore_latest(abstract_train_state(self.state.params, self.optimizer, self.mesh))
+        if restored is not None:
+            self.state, extra = restored
+            self.start_iteration = int(extra["iteration"]) + 1
+        s = config.sampling
+        budgets = {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens}
+        self.policy = JaxPolicy(graphdef, self.state.params, self.tokenizer, budgets,
+                                prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
+                                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.mesh,
+                                cache_dtype=s.kv_dtype, seed=int(config.seed))
+        if for_training:
+            self.train_step = make_train_step(graphdef, self.optimizer, loss_config(_loss_dict(t)), self.mesh,
+                                              micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk))
+        self.adv_params = advantage_params(config)
+
+    def set_temperature(self, temperature: float) -> None:
+        from strata_jax.sampling import SamplingParams
+
+        s = self.config.sampling
+        self.policy.sampling = SamplingParams(temperature=float(temperature), top_p=s.top_p, top_k=s.top_k)
+
+
+def _loss_dict(t) -> dict:
+    return {"eps_low": t.eps_low, "eps_high": t.eps_high, "dual_clip": t.dual_clip, "kl_coef": t.kl_coef,
+            "entropy_coef": t.entropy_coef, "aggregation": t.aggregation}
+
+
+def advantage_params(config) -> AdvantageParams:
+    a = config.algo
+    return AdvantageParams(delta=a.delta, kappa=a.kappa, gamma=a.gamma, beacon_gamma=a.beacon_gamma,
+                           lam_strategy=a.lam_strategy, lam_seg=a.lam_seg, omega=a.omega,
+                           invalid_penalty=a.invalid_penalty, r_succ=a.r_succ, r_ms=a.r_ms, c_len=a.c_len,
+                           c_fmt=a.c_fmt, strategy_budget=float(a.strategy_budget),
+                           stats_over_steps=bool(a.stats_over_steps), gigpo_norm=a.gigpo_norm, seg_norm=a.seg_norm)
+
+
+_compute_advantages = jax.jit(compute_advantages, static_argnames=("algo",))
+_gather = jax.jit(gather_advantages)
+
+
+def trim_width(mask: np.ndarray, buckets) -> int:
+    """The smallest length bucket holding every row of `mask` [S, L] (rows are left-padded, so the
+    last `width` columns carry all tokens). Cutting a mini-batch to it saves the padding compute."""
+    need = int(mask.sum(axis=1).max(initial=1))
+    return next((int(b) for b in sorted(buckets) if b >= need), mask.shape[1])
+
+
+def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:
+    """The [S, L] fields cut to the mini-batch's own length bucket (row_index / row_valid kept)."""
+    w = trim_width(np.asarray(tb.attention_mask), buckets)
+    return tb.replace(**{f: getattr(tb, f)[:, -w:] for f in
+                         ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage")})
+
+
+def _score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Teacher-forced log-probs [S, L] in mini-batch-sized chunks, each cut to its length bucket."""
+    rows = int(run.config.train.mini_batch_rows)
+    buckets = run.config.train.length_buckets
+    out = np.zeros(tokens.shape, np.float32)
+    for i in range(0, tokens.shape[0], rows):
+        tk, mk = tokens[i:i + rows], mask[i:i + rows]
+        n = tk.shape[0]
+        if n < rows:  # pad to one shape
+            tk = np.concatenate([tk, np.full((rows - n, tk.shape[1]), run.pad_id, tk.dtype)])
+            mk = np.concatenate([mk, np.zeros((rows - n, mk.shape[1]), bool)])
+        w = trim_width(mk, buckets)
+        out[i:i + n, -w:] = score(run.graphdef, params, tk[:, -w:], mk[:, -w:], int(run.config.train.logprob_chunk))[:n]
+    return out
+
+
+def _bucket_of(h: np.ndarray) -> np.ndarray:
+    return np.where(h <= 4, 0, np.where(h <= 7, 1, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# one iteration
+
+
+def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple[dict, Any]:
+    config = run.config
+    times = {}
+    t0 = time.perf_counter()
+    run.policy.params = run.state.params
+    run.policy.reseed(int(config.seed), iteration)
+    run.set_temperature(config.sampling.temperature)
+    tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
+    res = collect(envs, run.policy, train_tasks(config, iteration, n_train), RolloutConfig.from_config(config))
+    times["rollout"] = time.perf_counter() - t0
+    judge_s = res.stats.get("judge_time_s", 0.0)
+
+    t1 = time.perf_counter()
+    tb = res.tokens
+    tokens_np, mask_np = np.asarray(tb.tokens), np.asarray(tb.attention_mask)
+    ref = _score_rows(run, run.ref_params, tokens_np, mask_np)
+    old = _score_rows(run, run.state.params, tokens_np, mask_np) if config.train.recompute_old_logp else np.asarray(tb.old_logp)
+    loss_mask = np.asarray(tb.loss_mask)
+    tb = tb.replace(ref_logp=np.where(loss_mask, ref, 0.0).astype(np.float32),
+                    old_logp=np.where(loss_mask, old, 0.0).astype(np.float32))
+    times["score"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    adv = _compute_advantages(res.traj, run.adv_params, algo=config.algo.name)
+    tb = _gather(adv.step, adv.strategy, jax.tree.map(jnp.asarray, tb))
+    diag = jax.device_get(compute_diagnostics(res.traj, adv))
+    times["advantages"] = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    rows = int(config.train.mini_batch_rows)
+    sums: dict[str, float] = {}
+    n_steps = 0
+    for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
+        mb = trim_rows(mb, config.train.length_buckets)
+        run.state, m = run.train_step(run.state, mb, float(config.algo.lam_strategy))
+        m = jax.device_get(m)
+        n_steps += 1
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + float(np.asarray(v))
+    times["update"] = time.perf_counter() - t3
+
+    row = {"iteration": iteration}
+    row.update(_diag_row("train", diag))
+    row["train/success"] = float(res.stats["success_rate"])
+    row["train/episode_return"] = float(np.asarray(res.traj.episode_return)[np.asarray(res.traj.traj_mask)].mean()) \
+        if np.asarray(res.traj.traj_mask).any() else 0.0
+    for k in ("invalid_rate", "crashed", "unrun", "judge_parse_fail_rate", "judged_bad_steps", "strategy_malformed",
+              "milestones", "mean_episode_len"):
+        if k in res.stats:
+            row[f"train/{k}"] = float(res.stats[k])
+    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
+        if k in sums:
+            row[f"update/{k}"] = sums[k] / max(n_steps, 1)
+    row["update/skipped_total"] = float(np.asarray(run.state.skipped))
+    row["update/steps"] = n_steps
+    gen_tok = run.policy.tokens_generated - tok0
+    row["time/sample_tok_s"] = gen_tok / max(run.policy.sample_seconds - s0, 1e-9)
+    row["time/train_tok_s"] = float(np.asarray(tb.attention_mask).sum()) / max(times["update"], 1e-9)
+    for k, v in times.items():
+        row[f"time/{k}_s"] = v
+    row["time/judge_s"] = judge_s
+    row["time/iteration_s"] = time.perf_counter() - t0
+    return row, res
+
+
+def _diag_row(prefix: str, diag: dict) -> dict:
+    out = {}
+    for k, v in diag.items():
+        a = np.asarray(v)
+        if a.ndim == 0:
+            out[f"{prefix}/{k}"] = float(a)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation
+
+
+def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, task_types: dict) -> dict:
+    """Success overall, per horizon bucket and per task type on held-out tasks (one episode each)."""
+    run.policy.params = run.state.params
+    run.policy.reseed(int(run.config.seed) + 1, 0)  # the same eval samples for every checkpoint
+    run.set_temperature(temperature)
+    cfg = dataclasses.replace(RolloutConfig.from_config(run.config, eval_mode=True), progress=False)
+    res = collect(envs, run.policy, tasks, cfg)
+    won = np.asarray(res.traj.won)[:, 0, 0]
+    valid = np.asarray(res.traj.traj_mask)[:, 0, 0]
+    horizon = np.asarray(res.traj.horizon)
+    out = {f"{prefix}/success": float(won[valid].mean()) if valid.any() else 0.0,
+           f"{prefix}/tasks": int(valid.sum())}
+    bk = _bucket_of(horizon)
+    for i, name in enumerate(BUCKETS):
+        sel = valid & (bk == i)
+        if sel.any():
+            out[f"{prefix}/success_{name}"] = float(won[sel].mean())
+            out[f"{prefix}/n_{name}"] = int(sel.sum())
+    types = np.asarray([task_types.get(t, "unknown") for t in tasks])
+    for ty in sorted(set(types)):
+        sel = valid & (types == ty)
+        if sel.any():
+            out[f"{prefix}/success_type/{ty}"] = float(won[sel].mean())
+    return out
+
+
+def task_types_of(config, tasks: list[int], split: str) -> dict:
+    """task seed -> task type (reset each task once; cheap for household, a few ms per ALFWorld game)."""
+    from rollout.envs import make_env
+
+    env = make_env(config.env.name, **env_kwargs(config, split))
+    out = {}
+    for t in tasks:
+        _, info = env.reset(seed=t)
+        out[t] = str(info.get("task_type", "unknown"))
+    if hasattr(env, "close"):
+        env.close()
+    return out
+
+
+def run_evals(run: Run, envs, tasks, types) -> dict:
+    c = run.config
+    out = evaluate(run, envs, tasks, float(c.sampling.eval_temperature), "eval", types)
+    if c.eval.greedy:
+        out.update(evaluate(run, envs, tasks, 0.0, "eval_greedy", types))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# entry points (launch.py modes)
+
+
+def _save_batch(workdir: pathlib.Path, iteration: int, traj: TrajectoryBatch) -> None:
+    d = workdir / "batches"
+    d.mkdir(exist_ok=True)
+    np.savez_compressed(d / f"iter_{iteration:05d}.npz",
+                        **{f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)})
+
+
+def _plots(workdir: pathlib.Path, history: list[dict], title: str) -> None:
+    report.plot_learning_curves(history, workdir / "learning_curves.png", title)
+    report.plot_success_by_horizon(history, workdir / "success_by_horizon.png", "eval")
+
+
+def train(config, workdir) -> dict:
+    workdir = pathlib.Path(workdir)
+    run = Run(config, workdir)
+    log = report.MetricsLog(workdir)
+    # A fresh run starts a fresh log; a resumed one drops rows past its checkpoint (redone now).
+    log.truncate_after(run.start_iteration - 1 if run.start_iteration > 1 else -1)
+    c = config
+    n_train = num_tasks(c, c.env.split)
+    n_eval = num_tasks(c, c.env.eval_split)
+    per_iter = c.algo.tasks_per_iter * (c.algo.num_strategies * c.algo.traj_per_strategy
+                                        if c.algo.name.startswith("strata") else c.algo.group_size)
+    envs = make_envs(c, per_iter, c.env.split)
+    eval_envs = make_envs(c, min(int(c.eval.num_tasks), n_eval or int(c.eval.num_tasks)), c.env.eval_split) \
+        if c.eval.every else None
+    etasks = eval_tasks(c, n_eval)
+    types = task_types_of(c, etasks, c.env.eval_split) if c.eval.every else {}
+    title = f"{c.algo.name} on {c.env.name} ({workdir.name})"
+    if run.start_iteration == 1 and c.eval.every:
+        row = {"iteration": 0}
+        row.update(run_evals(run, eval_envs, etasks, types))
+        log.append(row)
+    last = {}
+    bar = tqdm(range(run.start_iteration, int(c.iterations) + 1), desc=f"{c.algo.name}", initial=run.start_iteration - 1,
+               total=int(c.iterations), disable=not c.log.progress, dynamic_ncols=True)
+    for it in bar:
+        row, res = iteration_step(run, envs, it, n_train)
+        if c.eval.every and (it % int(c.eval.every) == 0 or it == int(c.iterations)):
+            row.update(run_evals(run, eval_envs, etasks, types))
+        if c.log.save_batches:
+            _save_batch(workdir, it, res.traj)
+        log.append(row)
+        if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
+            run.ckpt.save(it, run.state, extra={"iteration": it}, force=True)
+        if c.log.plots_every and it % int(c.log.plots_every) == 0:
+            _plots(workdir, log.history, title)
+        bar.set_postfix(success=f"{row['train/success']:.2f}", ret=f"{row['train/episode_return']:.2f}",
+                        tok_s=f"{row['time/sample_tok_s']:.0f}",
+                        eval=f"{row.get('eval/success', float('nan')):.2f}")
+        last = row
+    run.ckpt.wait()
+    _plots(workdir, log.history, title)
+    log.close()
+    for pool in (envs, eval_envs):
+        if hasattr(pool, "close"):
+            pool.close()
+    return last
+
+
+def sft_only(config, workdir) -> None:
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if config.model.path:
+        raise ValueError("launch.py sft builds and warm-starts the tiny model; with config.model.path set, "
+                         "give demonstrations via config.sft.demos and train from that path")
+    path = model_dir(config, workdir, make_mesh(config))
+    print(f"SFT model: {path}")
+
+
+def evaluate_run(config, workdir) -> dict:
+    workdir = pathlib.Path(workdir)
+    run = Run(config, workdir, for_training=False)
+    n_eval = num_tasks(config, config.env.eval_split)
+    tasks = eval_tasks(config, n_eval)
+    envs = make_envs(config, len(tasks), config.env.eval_split)
+    types = task_types_of(config, tasks, config.env.eval_split)
+    out = {"iteration": run.start_iteration - 1}
+    out.update(run_evals(run, envs, tasks, types))
+    (workdir / "eval.json").write_text(json.dumps(out, indent=2))
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return out
+
+
+def export(config, workdir, out_dir) -> pathlib.Path:
+    """The latest checkpoint's params in Hugging Face format (transformers loads it)."""
+    workdir = pathlib.Path(workdir)
+    run = Run(config, workdir, for_training=False)
+    out = pathlib.Path(out_dir)
+    export_hf(run.state.params, run.mcfg, run.tokenizer, out)
+    print(f"exported iteration {run.start_iteration - 1} to {out}")
+    return out
+
+
+def ablate(config, workdir, grid: list[str]) -> pathlib.Path:
+    from rollout.ablate import run_ablation
+
+    return run_ablation(config, pathlib.Path(workdir), grid)
