@@ -178,6 +178,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def host_local_to_global(tree: Any, mesh: Mesh) -> Any:
+    """Each host's rows [S_local, ...] -> global arrays [S_local * hosts, ...] split like data_sharding.
+
+    Multi-host: every process passes its own slice of the batch (its environments' rows). On
+    one process this is a device_put with `data_sharding(mesh)`.
+    """
+    sharding = data_sharding(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+
 def maybe_init_distributed(cfg: Mapping[str, Any] | None) -> bool:
     """Call `jax.distributed.initialize` when enabled; return whether it is initialised.
 

@@ -235,7 +235,9 @@ class TrainStep:
 
     The jit is built with in/out shardings from the state's logical axes; given `state_shardings`
     it is built now, else at the first call (from that call's state). `.jitted` is the jax.jit
-    object (for `.lower(...)`). `lam_strategy` is the weight of strategy rows (traced scalar).
+    object (for `.lower(...)`). `lam_strategy` is the weight of strategy rows (traced scalar,
+    required: StraTA's lambda; any value for flat algorithms, which have no strategy rows).
+    The batch is a global array (multi-host: `sharding.host_local_to_global`) or host numpy.
     """
 
     def __init__(self, step_fn: Callable, mesh: Mesh, rules, micro_batches: int,
@@ -249,7 +251,7 @@ class TrainStep:
         return jax.jit(self._fn, in_shardings=(state_sh, data_sharding(self.mesh), repl),
                        out_shardings=(state_sh, repl), donate_argnums=(0,), compiler_options=self._options)
 
-    def __call__(self, state: TrainState, batch: TokenBatch, lam_strategy=1.0):
+    def __call__(self, state: TrainState, batch: TokenBatch, lam_strategy):
         # checked here too: jit validates the input shardings before tracing would reach it
         _check_batch(batch, self.micro_batches, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if self.jitted is None:

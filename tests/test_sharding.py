@@ -14,12 +14,13 @@ class _Toy(nnx.Module):
     """Params annotated like the decoder's: embed/vocab/heads/kv_heads/head_dim, plus a bare bias."""
 
     def __init__(self):
-        k = jax.random.split(jax.random.key(0), 3)
-        self.embed = nnx.Param(jax.random.normal(k[0], (64, 32)), out_sharding=("vocab", "embed"), eager_sharding=False)
-        self.q = nnx.Param(jax.random.normal(k[1], (32, 4, 8)), out_sharding=("embed", "heads", "head_dim"),
-                           eager_sharding=False)
-        self.k = nnx.Param(jax.random.normal(k[2], (32, 2, 8)), out_sharding=("embed", "kv_heads", "head_dim"),
-                           eager_sharding=False)
+        r = np.random.default_rng(0)  # numpy: eager jax.random would compile per op (slow CPU)
+        self.embed = nnx.Param(jnp.asarray(r.normal(size=(64, 32)), jnp.float32), out_sharding=("vocab", "embed"),
+                               eager_sharding=False)
+        self.q = nnx.Param(jnp.asarray(r.normal(size=(32, 4, 8)), jnp.float32),
+                           out_sharding=("embed", "heads", "head_dim"), eager_sharding=False)
+        self.k = nnx.Param(jnp.asarray(r.normal(size=(32, 2, 8)), jnp.float32),
+                           out_sharding=("embed", "kv_heads", "head_dim"), eager_sharding=False)
         self.bias = nnx.Param(jnp.ones((32,)))
 
 
@@ -98,6 +99,14 @@ def test_data_sharding_splits_batch():
     mesh = sh.make_mesh({"data": 2, "fsdp": 4})
     x = jax.device_put(jnp.arange(16 * 3).reshape(16, 3), sh.data_sharding(mesh))
     assert {s.data.shape for s in x.addressable_shards} == {(2, 3)}
+
+
+def test_host_local_to_global_single_process():
+    mesh = sh.make_mesh({"data": 2, "fsdp": 4})
+    x = np.arange(16 * 3).reshape(16, 3)
+    out = sh.host_local_to_global({"x": x}, mesh)["x"]
+    assert out.sharding == sh.data_sharding(mesh)
+    np.testing.assert_array_equal(np.asarray(out), x)
 
 
 def test_mesh_config_section():
