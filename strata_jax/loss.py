@@ -10,6 +10,11 @@ with m the loss mask (restricted to valid rows), n_s = sum_i m_si, and w_s the r
 1 for an action row, `lam_strategy` for a strategy row (row_index t = -1), 0 for a padding row.
 The weight scales a row's contribution only; the count is the plain number of tokens / rows
 (J = J_act + lam * J_str over one shared denominator).
+
+Metrics, each a (value, count) pair: loss, pg_loss, kl (k3 to the reference) and entropy use the
+loss's aggregation and row weights, so loss = pg_loss + kl_coef * kl (- entropy_coef * entropy);
+clip_frac, dual_clip_frac, approx_kl (k3 of old vs current) and ratio_mean are plain means over
+the loss tokens; ratio_max / ratio_min combine by max / min (METRIC_REDUCE).
 """
 
 from __future__ import annotations
