@@ -283,6 +283,22 @@ class Sampler:
                  stop_sequences: list[list[int]] | None = None) -> SampleOutput:
         """Sample up to max_new_tokens per prompt. See SampleOutput for the result."""
         cfg = self.config
+        tokens, consts, key = self._prepare(prompts, sampling, rng, stop_sequences)  # validates
+        b = len(prompts)
+        state = self._prefill(params, tokens, consts, key)
+        state = self._decode(params, state, consts)
+        host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
+                               "reason": state.reason, "emb": state.emb_sum})
+        lengths = host["lengths"][:b]
+        emb = None
+        if cfg.return_embedding:
+            emb = (host["emb"][:b] / np.maximum(lengths, 1)[:, None]).astype(np.float32)
+        return SampleOutput(tokens=host["tokens"][:b], logprobs=host["logprobs"][:b], lengths=lengths,
+                            finish_reason=host["reason"][:b], embedding=emb)
+
+    def _prepare(self, prompts, sampling: SamplingParams, rng, stop_sequences):
+        """Validate and bucket-pad the host inputs; place them on the mesh. (tokens, consts, key)."""
+        cfg = self.config
         b = _check_prompts(prompts)
         bb = pick_bucket(b, self.batch_buckets, "batch size")
         tp = pick_bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
@@ -294,16 +310,7 @@ class Sampler:
             eos_ids=np.asarray(list(cfg.eos_ids) or [-1], np.int32))
         tokens, consts = self._place(tokens, consts)
         key = jax.random.key(rng) if isinstance(rng, (int, np.integer)) else rng
-        state = self._prefill(params, tokens, consts, key)
-        state = self._decode(params, state, consts)
-        host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
-                               "reason": state.reason, "emb": state.emb_sum})
-        lengths = host["lengths"][:b]
-        emb = None
-        if cfg.return_embedding:
-            emb = (host["emb"][:b] / np.maximum(lengths, 1)[:, None]).astype(np.float32)
-        return SampleOutput(tokens=host["tokens"][:b], logprobs=host["logprobs"][:b], lengths=lengths,
-                            finish_reason=host["reason"][:b], embedding=emb)
+        return tokens, consts, key
 
     def score(self, params: Any, tokens: Any, attention_mask: Any) -> np.ndarray:
         """Teacher-forced log-probs [B, L] (see `score`), bucketed with this sampler's buckets."""

@@ -297,6 +297,9 @@ def test_eight_devices_same_greedy_tokens(tiny):
     np.testing.assert_array_equal(out.tokens, tiny["ref"])
     one = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
     np.testing.assert_allclose(out.logprobs, one.logprobs, atol=1e-5)
+    toks, mask, _ = _full_rows(tiny["prompts"], out)  # the sharded, bucketed Sampler.score as well
+    np.testing.assert_allclose(s8.score(params, toks, mask), score(tiny["graphdef"], tiny["params"], toks, mask),
+                               atol=1e-5)
 
 
 def test_bf16_cache_close_to_f32(tiny):
