@@ -1,0 +1,164 @@
+"""launch.py end to end on the tiny household setup: train, resume, ablate, export.
+
+The runs are real subprocesses of the command a user types, shrunk by overrides so the whole file
+stays within a few minutes on 2 CPU cores. One SFT'd tiny model is built once and shared.
+"""
+
+import csv
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# A run small enough for CI: 2 tasks x 2 strategies x 2 trajectories, 4 steps, tiny model.
+SMALL = [
+    "--config.algo.tasks_per_iter=2", "--config.algo.num_strategies=2", "--config.algo.traj_per_strategy=2",
+    "--config.algo.oversample=2", "--config.env.max_steps=4", "--config.env.horizon_min=2",
+    "--config.env.horizon_max=4", "--config.eval.num_tasks=4", "--config.eval.every=2",
+    "--config.eval.greedy=False", "--config.checkpoint.every=1", "--config.train.mini_batch_rows=16",
+    "--config.train.lr=1e-3", "--config.sampling.max_action_tokens=12", "--config.sampling.max_strategy_tokens=16",
+    "--config.sampling.max_judge_tokens=8", "--config.log.progress=False", "--config.train.recompute_old_logp=True",
+]
+TINY = ["--config.model.tiny_hidden=32", "--config.model.tiny_layers=1", "--config.model.tiny_heads=2",
+        "--config.model.tiny_kv_heads=1", "--config.model.tiny_intermediate=64", "--config.model.tiny_vocab=1024",
+        "--config.sft.steps=3", "--config.sft.num_tasks=8", "--config.sft.batch_rows=8"]
+CONFIG = ["--config", str(REPO / "configs" / "tiny_household.py")]
+
+
+def launch(*args, timeout=900):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the CLI runs on the plain CPU device, as a user would
+    r = subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
+                       cwd=REPO, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise AssertionError(f"launch.py {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return r
+
+
+def metrics(workdir) -> list[dict]:
+    with open(pathlib.Path(workdir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory):
+    """The tiny model after a short SFT, built by `launch.py sft`; shared by every run below."""
+    work = tmp_path_factory.mktemp("sft")
+    launch("sft", *CONFIG, *TINY, *SMALL, "--workdir", str(work))
+    path = work / "sft_model"
+    assert (path / "config.json").exists() and (path / "model.safetensors").exists()
+    return path
+
+
+@pytest.fixture(scope="module")
+def straight_run(sft_model, tmp_path_factory):
+    """3 iterations without interruption."""
+    work = tmp_path_factory.mktemp("straight")
+    launch(*CONFIG, *SMALL, f"--config.model.path={sft_model}", "--config.iterations=3", "--workdir", str(work))
+    return work
+
+
+def test_train_end_to_end_writes_everything(straight_run, sft_model):
+    rows = metrics(straight_run)
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]  # 0 = evaluation of the starting model
+    assert "eval/success" in rows[0] and "eval/success" in rows[2]
+    for r in rows[1:]:
+        assert np.isfinite(r["update/loss"]) and r["update/steps"] >= 1
+        assert r["train/num_trajectories"] == 8  # P * N * M
+        assert 0.0 <= r["train/success"] <= 1.0
+        for k in ("time/rollout_s", "time/update_s", "train/esu", "train/invalid_rate"):
+            assert k in r
+    for png in ("learning_curves.png", "success_by_horizon.png"):
+        assert (straight_run / png).stat().st_size > 1000
+    assert sorted(p.name for p in (straight_run / "checkpoints").iterdir() if p.name.isdigit())[-1] == "3"
+    assert len(list((straight_run / "batches").glob("iter_*.npz"))) == 3
+    assert (straight_run / "tb").is_dir() and any((straight_run / "tb").iterdir())
+    resolved = json.loads((straight_run / "config.json").read_text())
+    assert resolved["model"]["path"] == str(sft_model) and resolved["iterations"] == 3
+
+
+def test_resume_continues_exactly(straight_run, sft_model, tmp_path):
+    """Stopped after iteration 2 and restarted: iteration 3 equals the uninterrupted run's."""
+    common = [*CONFIG, *SMALL, f"--config.model.path={sft_model}", "--workdir", str(tmp_path)]
+    launch(*common, "--config.iterations=2")
+    assert [r["iteration"] for r in metrics(tmp_path)] == [0, 1, 2]
+    launch(*common, "--config.iterations=3")
+    resumed, straight = metrics(tmp_path), metrics(straight_run)
+    assert [r["iteration"] for r in resumed] == [0, 1, 2, 3]
+    a, b = resumed[3], straight[3]
+    compared = [k for k in b if not k.startswith("time/")]
+    assert len(compared) > 20
+    for k in compared:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+
+
+def test_ablate_equals_a_loop_over_the_grid(straight_run):
+    import jax
+
+    from configs.tiny_household import get_config
+    from rollout.ablate import load_batches
+    from rollout.trainer import advantage_params
+    from strata_jax.advantages import compute_advantages
+    from strata_jax.diagnostics import compute_diagnostics
+
+    launch("ablate", *CONFIG, *SMALL, "--workdir", str(straight_run), "--grid", "delta=0.25,1",
+           "--grid", "kappa=0,0.2")
+    with open(straight_run / "ablation.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 4 and (straight_run / "ablation.png").exists()
+    config = get_config()
+    batches = load_batches(straight_run)
+    base = advantage_params(config)
+    for row in table:
+        params = base.replace(delta=float(row["delta"]), kappa=float(row["kappa"]))
+        for key in ("esu", "car", "ccr", "zero_adv_ratio"):
+            vals = []
+            for b in batches:  # a plain loop, one point and one batch at a time
+                d = compute_diagnostics(b, compute_advantages(b, params, "strata"))
+                v = float(jax.device_get(d[key]))
+                if np.isfinite(v):
+                    vals.append(v)
+            expect = np.mean(vals) if vals else float("nan")
+            got = float(row[key])
+            assert (np.isnan(expect) and np.isnan(got)) or got == pytest.approx(expect, rel=1e-5, abs=1e-6), key
+
+
+def test_ablate_rejects_unknown_grid_names(straight_run):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "ablate", "--workdir", str(straight_run),
+                        "--grid", "temperature=0.1,0.2"], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=300)
+    assert r.returncode != 0 and "'temperature' is not sweepable" in r.stderr
+
+
+def test_export_loads_in_transformers_with_equal_logits(straight_run, sft_model, tmp_path):
+    import torch
+    import transformers
+
+    from strata_jax.models.hf import load_hf_model, read_safetensors
+
+    torch.set_num_threads(1)
+    out = tmp_path / "exported"
+    launch("export", *CONFIG, *SMALL, f"--config.model.path={sft_model}", "--workdir", str(straight_run),
+           "--out", str(out))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    ids = tok("go to countertop 1 and take apple 1", return_tensors="np")["input_ids"].astype(np.int32)
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    model, _ = load_hf_model(out)
+    pos = np.arange(ids.shape[1], dtype=np.int32)[None]
+    hidden, _ = model(ids, pos, np.ones_like(ids, bool))
+    ours = np.asarray(model.logits(hidden))
+    assert np.abs(ours - ref).max() <= 1e-4
+    # Training changed the weights: the export is the trained policy, not the starting model.
+    before, after = read_safetensors(sft_model / "model.safetensors"), read_safetensors(out / "model.safetensors")
+    assert set(before) == set(after)
+    assert any(not np.array_equal(before[k], after[k]) for k in before)
