@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.advantages import Advantages
-from strata_jax.advantages.groups import dense_ids, index_grid
+from strata_jax.advantages.groups import index_grid, run_scan, sort_groups
 from strata_jax.batch import TrajectoryBatch
 from strata_jax.diversity import cosine_distances
 
@@ -31,23 +31,25 @@ def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> t
 
     Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
     the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
-    Steps without an anchor or action id (negative) are left out.
+    Steps without an anchor or action id (negative) are left out. Keys are contiguous runs of a
+    sorted layout (built from ids only); sign flags are OR-ed along each run by a segmented scan.
     """
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
-    kid = dense_ids((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid).reshape(-1)
-    nseg = valid.size
+    layout = sort_groups((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid, (shape[0], None, None))
     traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2]
-            + index_grid(shape, 2)).reshape(-1)
-    v = valid.reshape(-1)
-    a = step_adv.reshape(-1)
-    lo = jax.ops.segment_min(jnp.where(v, traj, jnp.iinfo(jnp.int32).max), kid, num_segments=nseg)
-    hi = jax.ops.segment_max(jnp.where(v, traj, -1), kid, num_segments=nseg)
-    shared = hi > lo  # [nseg] key seen in two or more distinct trajectories
-    pos = jax.ops.segment_max((v & (a > ADV_TOL)).astype(jnp.int32), kid, num_segments=nseg) > 0
-    neg = jax.ops.segment_max((v & (a < -ADV_TOL)).astype(jnp.int32), kid, num_segments=nseg) > 0
+            + index_grid(shape, 2)).reshape(-1)  # [T] natural
+    ts = traj[layout.order]  # sorted
+    a = step_adv.reshape(-1)[layout.order]
+    # A key spans two or more trajectories <=> some step of its run has another trajectory than
+    # the run's first step (bit 4); bits 1 / 2: a positive / negative advantage.
+    other = (ts != traj[layout.head]).astype(jnp.int32)
+    sign = jnp.where(a > ADV_TOL, 1, 0) | jnp.where(a < -ADV_TOL, 2, 0)  # [T] bit flags
+    flags = run_scan(other * 4 | sign, layout, jnp.bitwise_or)  # run total at its last position
+    is_last = layout.valid & (jnp.arange(ts.shape[0]) == layout.last)  # one position per key
+    shared = is_last & (flags >= 4)
     n_keys = shared.sum()
-    return _ratio((shared & pos & neg).sum(), n_keys), n_keys
+    return _ratio((shared & ((flags & 3) == 3)).sum(), n_keys), n_keys
 
 
 def _horizon_buckets(batch: TrajectoryBatch, won_t: jax.Array, tm: jax.Array) -> dict[str, jax.Array]:

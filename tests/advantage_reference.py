@@ -189,3 +189,25 @@ def reference_advantages(b, hp, algo):
     """-> (step [P, N, M, H] float64, strategy [P, N] float64)."""
     step, strategy = ALGOS[algo](b, hp)
     return _finalize(b, hp, step), strategy
+
+
+def reference_diagnostics(b, a):
+    """Loop reference for ESU, CAR and CCR -> (esu, number of CAR keys, car, ccr).
+
+    a: [P, N, M, H] step advantages. Undefined ratios are 0, as in strata_jax.diagnostics.
+    """
+    P, N, M, H = b["step_mask"].shape
+    steps = [(p, n, m, t) for p in range(P) for n in range(N) for m in range(M) for t in range(H)
+             if b["step_mask"][p, n, m, t]]
+    nz = sum(abs(a[s]) > 1e-6 for s in steps)
+    keys = {}
+    for s in steps:
+        if b["anchor_id"][s] >= 0 and b["action_id"][s] >= 0:
+            keys.setdefault((s[0], b["anchor_id"][s], b["action_id"][s]), []).append(s)
+    shared = [v for v in keys.values() if len({s[:3] for s in v}) >= 2]
+    both = [v for v in shared if any(a[s] > 1e-6 for s in v) and any(a[s] < -1e-6 for s in v)]
+    ms = [abs(a[s]) for s in steps if b["milestone"][s]]
+    other = [abs(a[s]) for s in steps if not b["milestone"][s]]
+    ccr = np.mean(ms) / np.mean(other) if ms and other and np.mean(other) > 0 else 0.0
+    esu = nz / len(steps) if steps else 0.0
+    return esu, len(shared), (len(both) / len(shared) if shared else 0.0), ccr

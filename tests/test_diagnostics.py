@@ -1,4 +1,4 @@
-"""Diagnostics: hand-built cases and a slow loop reference written here (no library code)."""
+"""Diagnostics: hand-built cases and the slow loop reference of tests/advantage_reference.py."""
 
 import numpy as np
 import pytest
@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 from strata_jax.advantages import Advantages
 from strata_jax.batch import TrajectoryBatch
 from strata_jax.diagnostics import compute_diagnostics, strategy_diversity
+from tests.advantage_reference import reference_diagnostics
 from tests.test_advantages import blank, random_batch, set_lengths
 
 
@@ -86,24 +87,6 @@ def test_success_by_type():
         diag(d, a, num_task_types=3)
 
 
-def slow_diagnostics(d, a):
-    """Loop reference for ESU, CAR and CCR."""
-    P, N, M, H = d["step_mask"].shape
-    steps = [(p, n, m, t) for p in range(P) for n in range(N) for m in range(M) for t in range(H)
-             if d["step_mask"][p, n, m, t]]
-    nz = sum(abs(a[s]) > 1e-6 for s in steps)
-    keys = {}
-    for s in steps:
-        if d["anchor_id"][s] >= 0 and d["action_id"][s] >= 0:
-            keys.setdefault((s[0], d["anchor_id"][s], d["action_id"][s]), []).append(s)
-    shared = [v for v in keys.values() if len({s[:3] for s in v}) >= 2]
-    both = [v for v in shared if any(a[s] > 1e-6 for s in v) and any(a[s] < -1e-6 for s in v)]
-    ms = [abs(a[s]) for s in steps if d["milestone"][s]]
-    other = [abs(a[s]) for s in steps if not d["milestone"][s]]
-    ccr = np.mean(ms) / np.mean(other) if ms and other and np.mean(other) > 0 else 0.0
-    return nz / len(steps), len(shared), (len(both) / len(shared) if shared else 0.0), ccr
-
-
 @settings(deadline=None, max_examples=25)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_matches_slow_reference(seed):
@@ -111,7 +94,7 @@ def test_matches_slow_reference(seed):
     d = random_batch(rng, 2, 2, 4, 4)
     a = (rng.integers(-1, 2, d["step_mask"].shape) * rng.random(d["step_mask"].shape)).astype(np.float32)
     out = diag(d, a)
-    esu, n_keys, car, ccr = slow_diagnostics(d, a)
+    esu, n_keys, car, ccr = reference_diagnostics(d, a)
     np.testing.assert_allclose(out["esu"], esu, rtol=1e-6)
     assert out["car_keys"] == n_keys
     np.testing.assert_allclose(out["car"], car, rtol=1e-6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from strata_jax.advantages.groups import group_normalize, index_grid
+from strata_jax.advantages.groups import axis_normalize, finish, index_grid
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.batch import TrajectoryBatch
 
@@ -29,12 +29,21 @@ def segments(step_mask: jax.Array, milestone: jax.Array) -> tuple[jax.Array, jax
     return seg, dist
 
 
+def bin_values(params: AdvantageParams, h: int) -> jax.Array:
+    """Shaping reward of each distance bin -> [H + 1]: R_ms * gamma^d for d < H, 0 for bin H.
+
+    Bin H stands for "in the unfinished segment", whose reward is 0.
+    """
+    d = jnp.arange(h + 1, dtype=jnp.float32)
+    return jnp.where(d < h, params.r_ms * jnp.power(params.beacon_gamma, d), 0.0)
+
+
 def shaping_rewards(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
     """r_t = R_ms * beacon_gamma^{t_k - t} in completed segments, 0 elsewhere -> [P, N, M, H]."""
     _, dist = segments(batch.step_mask, batch.milestone)
-    done = batch.step_mask & (dist >= 0)
-    power = jnp.power(params.beacon_gamma, jnp.maximum(dist, 0).astype(jnp.float32))
-    return jnp.where(done, params.r_ms * power, 0.0)
+    h = batch.shape[-1]
+    r = bin_values(params, h)[jnp.where(dist >= 0, dist, h)]
+    return jnp.where(batch.step_mask, r, 0.0)
 
 
 def segment_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strategy: bool) -> jax.Array:
@@ -43,29 +52,58 @@ def segment_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strat
     Statistics are over step samples; the group's members are the trajectories that entered
     segment k. (choice) "Entered" = has at least one step in it, so a trajectory that ended on
     its K-th milestone is not a member of group K; a group with one member gives 0.
+
+    A step's reward depends only on its distance bin (t_k - t, or "unfinished"), so each group is
+    summarised by a histogram over bins, cnt [G, H+1], built from the batch alone. Group sums are
+    then cnt @ bin values, and under vmap over gamma / R_ms only these products and gathers from
+    small tables are batched (no scatter). Sums are taken relative to the value of a bin present
+    in the group, so a constant group gives exactly 0.
     """
+    h = batch.shape[-1]
+    seg, dist = segments(batch.step_mask, batch.milestone)
+    g, num_groups = _segment_groups(batch.shape, seg, per_strategy)  # [P, N, M, H]
+    bins = jnp.where(dist >= 0, dist, h)  # [P, N, M, H] in [0, H]
+    sm = batch.step_mask
+    cnt = jax.ops.segment_sum(sm.reshape(-1).astype(jnp.float32), (g * (h + 1) + bins).reshape(-1),
+                              num_segments=num_groups * (h + 1)).reshape(num_groups, h + 1)
+    n = cnt.sum(-1)  # [G] step samples
+    b0 = jnp.argmax(cnt > 0, axis=-1)  # [G] a bin present in the group: its value is the shift
+    members = _members(batch, seg, per_strategy)  # [G] trajectories that entered
+    vals = bin_values(params, h)  # [H+1]
+    shift = vals[b0]  # [G]
+    s1 = cnt @ vals  # [G] sum of r
+    dsum = s1 - n * shift  # sum of (r - shift): exactly 0 when the group has one bin
+    mean = dsum / jnp.maximum(n, 1.0)  # [G] mean of (r - shift)
+    # sum of (r - shift - mean)^2 = sum (r - shift)^2 - n mean^2, expanded so that only [G] x
+    # [H+1] products are batched.
+    sq_dev = cnt @ (vals * vals) - 2.0 * shift * s1 + n * shift * shift
+    sq = jnp.maximum(sq_dev - n * mean * mean, 0.0)  # [G]
+    c = vals[bins] - shift[g] - mean[g]  # [P, N, M, H]
+    return finish(c, n[g], sq[g], sm & (members[g] >= 2), params.seg_norm)
+
+
+def _segment_groups(shape, seg, per_strategy):
+    """Group id (task[, z], k) of each step -> ([P, N, M, H] int32, number of groups)."""
+    p_, n_, _, h = shape
+    owner = _owner(shape, per_strategy)
+    return owner * (h + 1) + seg, (p_ * n_ if per_strategy else p_) * (h + 1)
+
+
+def _members(batch: TrajectoryBatch, seg: jax.Array, per_strategy: bool) -> jax.Array:
+    """[G] number of trajectories with at least one step in each (task[, z], k) group."""
     p_, n_, m_, h = batch.shape
-    seg, _ = segments(batch.step_mask, batch.milestone)
-    r = shaping_rewards(batch, params)
-    owner = _owner(batch.shape, per_strategy)  # [P, N, M, H] task or (task, z) index
-    num_owner = p_ * n_ if per_strategy else p_
-    gid = owner * (h + 1) + seg  # [P, N, M, H]
-    # entered[p, n, m, k]: trajectory (p, n, m) has a step in segment k.
     traj = (index_grid(batch.shape, 0) * n_ + index_grid(batch.shape, 1)) * m_ + index_grid(batch.shape, 2)
     entered = jax.ops.segment_max(batch.step_mask.reshape(-1).astype(jnp.int32),
                                   (traj * (h + 1) + seg).reshape(-1), num_segments=p_ * n_ * m_ * (h + 1))
     entered = jnp.maximum(entered, 0).reshape(p_, n_, m_, h + 1)
-    members = entered.sum(axis=2) if per_strategy else entered.sum(axis=(1, 2))  # [.., H+1]
-    return group_normalize(r, gid, batch.step_mask, num_owner * (h + 1), params.seg_norm,
-                           members=members.reshape(-1).astype(jnp.float32))
+    members = entered.sum(axis=2) if per_strategy else entered.sum(axis=(1, 2))  # [O, H+1]
+    return members.reshape(-1).astype(jnp.float32)
 
 
 def trajectory_advantage(batch: TrajectoryBatch, per_strategy: bool) -> jax.Array:
     """A^traj = center(R(tau)) over the task group (or the (task, z) group) -> [P, N, M]."""
-    p_, n_, m_, _ = batch.shape
-    owner = _owner((p_, n_, m_), per_strategy)
-    num_owner = p_ * n_ if per_strategy else p_
-    return group_normalize(batch.episode_return, owner, batch.traj_mask, num_owner, "mean")
+    axes = (2,) if per_strategy else (1, 2)
+    return axis_normalize(batch.episode_return, batch.traj_mask, axes, "mean")
 
 
 def beacon_step_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strategy: bool) -> jax.Array:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from strata_jax.advantages.groups import dense_ids, group_normalize, index_grid
+from strata_jax.advantages.groups import index_grid, sort_groups, sorted_normalize
 from strata_jax.advantages.grpo import episode_advantage
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.batch import TrajectoryBatch
@@ -46,9 +46,8 @@ def anchor_step_advantage(batch: TrajectoryBatch, returns: jax.Array, mode: str)
     Steps with a negative anchor id ("no id") form no group and get 0, like singletons.
     """
     valid = batch.step_mask & (batch.anchor_id >= 0)
-    task = index_grid(batch.shape, 0)
-    gid = dense_ids((task, batch.anchor_id), valid)  # [P, N, M, H]
-    return group_normalize(returns, gid, valid, valid.size, mode)
+    layout = sort_groups((index_grid(batch.shape, 0), batch.anchor_id), valid, (batch.shape[0], None))
+    return sorted_normalize(returns, layout, mode)
 
 
 def gigpo_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:

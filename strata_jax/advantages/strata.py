@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from strata_jax.advantages.groups import group_normalize, index_grid
+from strata_jax.advantages.groups import axis_normalize, index_grid
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.batch import TrajectoryBatch
 
@@ -47,10 +47,8 @@ def strategy_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.A
     (choice) lambda (lam_strategy) is folded into A^str: the PPO-clip surrogate is positively
     homogeneous in A, so this is J_act + lambda * J_str on the strategy tokens.
     """
-    r, valid = strategy_reward(batch, params)
-    p_, n_ = r.shape
-    a = group_normalize(r, index_grid((p_, n_), 0), valid, p_, "std")
-    return params.lam_strategy * a
+    r, valid = strategy_reward(batch, params)  # [P, N]
+    return params.lam_strategy * axis_normalize(r, valid, (1,), "std")
 
 
 def judge_reward(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
@@ -60,7 +58,5 @@ def judge_reward(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
 
 def strata_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
     """A^act = norm_j(R(tau_ij)) over the M trajectories of (task, z_i) + R_judge(t) -> [P,N,M,H]."""
-    p_, n_, m_, _ = batch.shape
-    gid = index_grid((p_, n_, m_), 0) * n_ + index_grid((p_, n_, m_), 1)  # [P, N, M] (task, z)
-    a = group_normalize(batch.episode_return, gid, batch.traj_mask, p_ * n_, "std")
+    a = axis_normalize(batch.episode_return, batch.traj_mask, (2,), "std")  # [P, N, M]
     return a[..., None] + judge_reward(batch, params)
