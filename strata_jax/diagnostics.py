@@ -36,7 +36,8 @@ def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> t
     """
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
-    layout = sort_groups((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid, (shape[0], None, None))
+    keys = (index_grid(shape, 0), batch.anchor_id, batch.action_id)
+    layout = sort_groups(keys, valid, (shape[0], None, None))
     traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2]
             + index_grid(shape, 2)).reshape(-1)  # [T] natural
     ts = traj[layout.order]  # sorted
@@ -119,7 +120,8 @@ def strategy_diversity(emb: jax.Array, mask: jax.Array) -> jax.Array:
     Over the unordered pairs of valid members; a task with fewer than two valid members gives 0.
     """
     if emb.ndim != 3 or mask.shape != emb.shape[:2]:
-        raise ValueError(f"strategy_diversity: need emb [P, N, D] and mask [P, N], got {emb.shape}, {mask.shape}")
+        raise ValueError(f"strategy_diversity: need emb [P, N, D] and mask [P, N], "
+                         f"got {emb.shape}, {mask.shape}")
     d = cosine_distances(emb)  # [P, N, N]
     pair = mask[:, :, None] & mask[:, None, :] & ~jnp.eye(mask.shape[1], dtype=bool)
     return _ratio(jnp.where(pair, d, 0.0).sum((1, 2)), pair.sum((1, 2)))

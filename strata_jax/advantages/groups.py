@@ -89,7 +89,8 @@ def _radix(k: jax.Array, t: int) -> tuple[jax.Array, jax.Array]:
     return jax.lax.cond(inside, lambda k: (k, jnp.int32(t)), _rank, k)
 
 
-def dense_ids(keys: tuple[jax.Array, ...], valid: jax.Array, bounds: tuple[int | None, ...] | None = None) -> jax.Array:
+def dense_ids(keys: tuple[jax.Array, ...], valid: jax.Array,
+              bounds: tuple[int | None, ...] | None = None) -> jax.Array:
     """int32 ids [same shape] in [0, size), equal iff the key tuples are (valid elements only).
 
     keys: same-shape int arrays; bounds: per key, a static bound (values in [0, bound), e.g. the
