@@ -52,13 +52,15 @@ def all_algos(batch, params):
     return out
 
 
-def best_time(fn, reps: int) -> float:
-    """Minimum wall time of `reps` calls (the least noisy figure on a shared machine)."""
-    best = float("inf")
+def best_times(fns: dict, reps: int) -> dict:
+    """Minimum wall time per function over `reps` rounds, calling them in turn each round, so
+    that load drift on a shared machine hits all of them alike."""
+    best = {k: float("inf") for k in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[k] = min(best[k], time.perf_counter() - t0)
     return best
 
 
@@ -70,40 +72,37 @@ def main():
     one = jax.jit(all_algos)
     res = jax.block_until_ready(one(batch, params))
 
-    t0 = time.perf_counter()
-    ref = {}
-    for a in ALGOS:
-        step, strategy = reference_advantages(d, hp, a)
-        ref[a] = (step, strategy, reference_diagnostics(d, step))
-    t_ref = time.perf_counter() - t0
+    def reference():
+        out = {}
+        for a in ALGOS:
+            step, strategy = reference_advantages(d, hp, a)
+            out[a] = (step, strategy, reference_diagnostics(d, step))
+        return out
+
+    ref = reference()
     for a in ALGOS:  # the two must agree before their speeds are compared
         np.testing.assert_allclose(np.asarray(res[a][0].step), ref[a][0], atol=1e-4, err_msg=a)
         np.testing.assert_allclose(np.asarray(res[a][0].strategy), ref[a][1], atol=1e-4, err_msg=a)
         np.testing.assert_allclose(float(res[a][1]["car"]), ref[a][2][2], atol=1e-6, err_msg=a)
-    t_jit = best_time(lambda: one(batch, params), 20)
+    t = best_times({"ref": reference, "jit": lambda: one(batch, params)}, 2)
+    t.update(best_times({"jit": lambda: one(batch, params)}, 20))
 
     vals = np.linspace(0.05, 0.95, GRID)
     grid = stack_params([params.replace(delta=float(v), kappa=float(v) / 5, gamma=float(v), omega=float(v),
                                         lam_seg=float(v), beacon_gamma=float(v)) for v in vals])
-    many = jax.jit(jax.vmap(all_algos, in_axes=(None, 0)))
-    jax.block_until_ready(many(batch, grid))
-    t_grid = best_time(lambda: many(batch, grid), 5)
+    print(f"jit, 5 algorithms + diagnostics, P={P} N={N} M={M} H={H}: {t['jit'] * 1e3:.2f} ms/call")
+    print(f"numpy reference, same work: {t['ref'] * 1e3:.0f} ms/call")
+    print(f"speed-up jit vs reference: {t['ref'] / t['jit']:.0f}x (goal >= 50x)")
 
-    print(f"jit, 5 algorithms + diagnostics, P={P} N={N} M={M} H={H}: {t_jit * 1e3:.2f} ms/call")
-    print(f"numpy reference, same work: {t_ref * 1e3:.0f} ms/call")
-    print(f"speed-up jit vs reference: {t_ref / t_jit:.0f}x (goal >= 50x)")
-    print(f"vmap {GRID}-point grid / 1 point, 5 algorithms + diagnostics: {t_grid / t_jit:.2f}x (goal <= 8x)")
     adv_only = lambda b, p: {a: compute_advantages(b, p, a) for a in ALGOS}  # noqa: E731
-    f1, fg = jax.jit(adv_only), jax.jit(jax.vmap(adv_only, in_axes=(None, 0)))
-    jax.block_until_ready((f1(batch, params), fg(batch, grid)))
-    ratio = best_time(lambda: fg(batch, grid), 5) / best_time(lambda: f1(batch, params), 10)
-    print(f"vmap {GRID}-point grid / 1 point, 5 algorithms: {ratio:.2f}x (goal <= 8x)")
-    for a in ALGOS:
-        f1 = jax.jit(lambda b, p, a=a: compute_advantages(b, p, a))
-        fg = jax.jit(jax.vmap(lambda b, p, a=a: compute_advantages(b, p, a), in_axes=(None, 0)))
+    cases = [("5 algorithms + diagnostics", all_algos), ("5 algorithms", adv_only)]
+    cases += [(a, lambda b, p, a=a: compute_advantages(b, p, a)) for a in ALGOS]
+    for name, fn in cases:
+        f1, fg = jax.jit(fn), jax.jit(jax.vmap(fn, in_axes=(None, 0)))
         jax.block_until_ready((f1(batch, params), fg(batch, grid)))
-        ratio = best_time(lambda: fg(batch, grid), 5) / best_time(lambda: f1(batch, params), 10)
-        print(f"vmap {GRID}-point grid / 1 point, {a}: {ratio:.2f}x")
+        bt = best_times({"one": lambda: f1(batch, params), "grid": lambda: fg(batch, grid)}, 5)
+        goal = " (goal <= 8x)" if name.startswith("5") else ""
+        print(f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}")
 
 
 if __name__ == "__main__":

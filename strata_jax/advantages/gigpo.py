@@ -27,17 +27,16 @@ def step_rewards(batch: TrajectoryBatch) -> jax.Array:
 
 
 def discounted_returns(r: jax.Array, gamma: jax.Array) -> jax.Array:
-    """R_t = sum_{k >= t} gamma^{k-t} r_k along the last axis, by a reverse lax.scan.
+    """R_t = sum_{k >= t} gamma^{k-t} r_k along the last axis -> same shape as r.
 
-    r: [..., H] with 0 on padded steps (so they add nothing); gamma: traced scalar.
+    r: [..., H] with 0 on padded steps (so they add nothing); gamma: traced scalar. One matmul with
+    the [H, H] upper-triangular discount matrix: cheaper than an H-step scan, and under vmap over
+    gamma it batches as a matmul.
     """
-    def body(carry, r_t):  # carry, r_t: [...]
-        ret = r_t + gamma * carry
-        return ret, ret
-
-    rt = jnp.moveaxis(r, -1, 0)  # [H, ...]
-    _, out = jax.lax.scan(body, jnp.zeros_like(rt[0]), rt, reverse=True)
-    return jnp.moveaxis(out, 0, -1)
+    h = r.shape[-1]
+    lag = jnp.arange(h)[:, None] - jnp.arange(h)[None, :]  # [k, t] = k - t
+    disc = jnp.where(lag >= 0, jnp.power(gamma, jnp.maximum(lag, 0).astype(jnp.float32)), 0.0)
+    return jnp.einsum("...k,kt->...t", r, disc, precision=jax.lax.Precision.HIGHEST)
 
 
 def anchor_step_advantage(batch: TrajectoryBatch, returns: jax.Array, mode: str) -> jax.Array:
