@@ -4,6 +4,8 @@ The reference is transformers' own model (torch, CPU, 1 thread) run on the same 
 with the same position ids; logits are compared on valid (non-padding) positions only.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from strata_jax import sharding  # noqa: E402
 from strata_jax.models.hf import load_hf_model  # noqa: E402
 from strata_jax.models.qwen2 import (  # noqa: E402
     ConfigError,
@@ -173,6 +176,28 @@ def test_cached_decode_equals_full_forward(hf_models, name, scan, chunk):
     assert not np.asarray(cache.k[:, :, 20:]).any()
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_cached_step_updates_the_cache_in_place(scan):
+    """Compiled one-token step with a donated cache: the new rows go in by dynamic-update-slice and
+    no instruction copies the whole [L, B, S, K, Dh] cache (a layer that read its slice of the old
+    cache after the write used to cost two full-cache copies per layer per step). Structural check
+    of the HLO only; speed is measured in bench/sampler.py."""
+    cfg = ModelConfig.from_hf({**BASE, "model_type": "qwen2"}, scan_layers=scan)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    b, s = 4, 32
+    cache = jax.eval_shape(lambda: model.init_cache(b, s))
+    step = jax.jit(lambda p, c, tok, pos, mask, i: nnx.merge(graphdef, p)(tok, pos, mask, c, i)[1],
+                   donate_argnums=(1,))
+    tok = jax.ShapeDtypeStruct((b, 1), jnp.int32)
+    hlo = step.lower(params, cache, tok, tok, jax.ShapeDtypeStruct((b, s), jnp.bool_),
+                     jax.ShapeDtypeStruct((), jnp.int32)).compile().as_text()
+    shape = re.escape(f"f32[{cfg.num_layers},{b},{s},{cfg.num_kv_heads},{cfg.head_dim}]")
+    producers = re.findall(r"= " + shape + r"\{[\d,]*\} (\S+)\(", hlo)
+    assert any("dynamic-update-slice" in line for line in re.findall(r".*= " + shape + r".*", hlo)), producers
+    assert "copy" not in producers, f"full-cache copies in the compiled step: {producers}"
+
+
 # ----------------------------------------------------------------------------------------------
 # Scan, remat
 
@@ -259,6 +284,54 @@ def test_sharded_equals_single_device(hf_models, scan):
 
     sharded = np.asarray(fwd(params, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask)))
     assert np.abs(sharded - _logits(single, tokens, pos, mask))[mask].max() <= 1e-5
+
+
+def _count_constraints(fn, *args) -> int:
+    return str(jax.make_jaxpr(fn)(*args)).count("sharding_constraint")
+
+
+@pytest.mark.parametrize("mesh_shape,scan", [((1, 1, 1), False), ((2, 4, 1), False), ((2, 4, 1), True),
+                                             ((2, 2, 2), False)])
+def test_mesh_context_constraints(hf_models, mesh_shape, scan):
+    """Under jax.set_mesh the decoder gathers the embedding / output kernel over their hidden dim and
+    pins the embedded activations to the batch split (see qwen2._constrain_batch); without a mesh
+    context nothing is added. Logits and gradients equal the single-device model either way."""
+    n = int(np.prod(mesh_shape))
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} devices (tests/conftest.py simulates 8 CPU devices)")
+    mesh = sharding.make_mesh(mesh_shape, devices=jax.devices()[:n])
+    path, _ = hf_models["qwen2_gqa4"]  # untied: embedding and lm_head both constrained
+    single, _ = load_hf_model(path, scan_layers=scan)
+    (graphdef, params), _ = load_hf_model(path, mesh=mesh, scan_layers=scan, split=True)
+    tokens, pos, mask = _batch(b=8, t=24)  # 8 rows: batch divides data x fsdp
+    w = jax.random.normal(jax.random.key(0), (*tokens.shape, VOCAB)) * mask[..., None]
+
+    def loss(p, tokens, pos, mask):
+        m = nnx.merge(graphdef, p)
+        logits = m.logits(m(tokens, pos, mask)[0])
+        return (logits * w).sum(), logits
+
+    args = [jax.device_put(x, sharding.data_sharding(mesh)) for x in (tokens, pos, mask)]
+    assert _count_constraints(lambda p: loss(p, *args)[0], params) == 0  # no mesh context: no-op
+    with jax.set_mesh(mesh):
+        # embedding table + output kernel, and the activations when the batch is really split
+        want = 2 + (mesh.shape["data"] * mesh.shape["fsdp"] > 1)
+        assert _count_constraints(lambda p: loss(p, *args)[0], params) == want
+        grads, logits = jax.jit(jax.grad(loss, has_aux=True))(params, *args)
+
+    ref_grads, ref_logits = jax.jit(jax.grad(_plain_loss, has_aux=True), static_argnums=(0,))(
+        nnx.graphdef(single), nnx.state(single, nnx.Param), jnp.asarray(tokens), jnp.asarray(pos),
+        jnp.asarray(mask), w)
+    assert np.abs(np.asarray(logits) - np.asarray(ref_logits))[mask].max() <= 1e-5
+    for a, b in zip(jax.tree.leaves(ref_grads), jax.tree.leaves(grads)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())
+
+
+def _plain_loss(graphdef, p, tokens, pos, mask, w):
+    m = nnx.merge(graphdef, p)
+    logits = m.logits(m(tokens, pos, mask)[0])
+    return (logits * w).sum(), logits
 
 
 ALLOWED_AXES = {"embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", None}

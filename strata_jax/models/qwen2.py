@@ -10,6 +10,12 @@ Every `nnx.Param` carries logical axis names in its `out_sharding` metadata (the
 the `sharding` metadata; see `param_logical_axes`). Variables are created with eager sharding off,
 so the model builds without a mesh; `strata_jax/sharding.py` maps the names to mesh axes.
 With scan_layers the per-layer params are stacked on a leading axis named "layers".
+Under a `jax.set_mesh(mesh)` context the decoder also adds a few sharding constraints (embedding
+and output kernel gathered over the hidden dim, embedded activations split over the batch axes;
+see `_context_mesh`); without a mesh context it adds none.
+
+KV cache: each layer writes its new rows into the full [L, B, S, K, Dh] cache first and then reads
+its layer back from the updated cache (`Attention`), so a donated cache is updated in place.
 """
 
 from __future__ import annotations
@@ -293,21 +299,28 @@ class Attention(nnx.Module):
         self.v_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
         self.o_proj = Dense((h, dh), (d,), ("heads", "head_dim"), ("embed",), cfg.o_bias, cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
-        """x [B, T, D]; mask [B, T, S'] bool; this layer's caches [B, S, K, Dh] or None.
+    def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index):
+        """x [B, T, D]; mask [B, T, S'] bool; ks, vs the full caches [L, B, S, K, Dh] or None.
 
-        Returns (out [B, T, D], k_new, v_new [B, T, K, Dh]); the caller writes k_new / v_new into
-        the full cache, so only T rows per layer are written (in place under donation).
+        With a cache, this layer's new keys / values are written into rows
+        [cache_index, cache_index + T) of layer `layer` (a static int, or a traced int32 under
+        scan) *before* attention, and attention reads the layer back from the updated cache.
+        Nothing then reads the old cache after the write, so XLA updates it in place (a
+        T-row dynamic-update-slice per layer); reading the layer from the old cache instead keeps
+        the old buffer alive past the write and costs a copy of the whole [L, B, S, K, Dh] cache
+        for K and for V on every layer of every decode step.
+
+        Returns (out [B, T, D], ks, vs): the updated caches, or None without a cache.
         """
         cfg = self.cfg
         q = apply_rope(self.q_proj(x), cos, sin)  # [B, T, H, Dh]
-        k_new = apply_rope(self.k_proj(x), cos, sin)  # [B, T, K, Dh]
-        v_new = self.v_proj(x)  # [B, T, K, Dh]
-        k, v = k_new, v_new
-        if k_cache is not None:
-            start = _cache_start(cache_index)
-            k = jax.lax.dynamic_update_slice(k_cache, k_new.astype(k_cache.dtype), start).astype(cfg.compute_dtype)
-            v = jax.lax.dynamic_update_slice(v_cache, v_new.astype(v_cache.dtype), start).astype(cfg.compute_dtype)
+        k = apply_rope(self.k_proj(x), cos, sin)  # [B, T, K, Dh]
+        v = self.v_proj(x)  # [B, T, K, Dh]
+        if ks is not None:
+            ks = _write_layer(ks, k, layer, cache_index)
+            vs = _write_layer(vs, v, layer, cache_index)
+            k = _read_layer(ks, layer).astype(cfg.compute_dtype)  # [B, S, K, Dh]
+            v = _read_layer(vs, layer).astype(cfg.compute_dtype)
         b, t, _, dh = q.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, dh)  # head h = kv_head * G + g, as HF repeat_kv
@@ -316,12 +329,26 @@ class Attention(nnx.Module):
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, dh)
-        return self.o_proj(out), k_new, v_new
+        return self.o_proj(out), ks, vs
 
 
-def _cache_start(cache_index, leading=()):
+def _write_layer(cache, new, layer, cache_index):
+    """cache [L, B, S, K, Dh] with new [B, T, K, Dh] written at layer `layer`, rows [cache_index, +T)."""
+    start = (jnp.asarray(layer, jnp.int32), *_cache_start(cache_index))
+    return jax.lax.dynamic_update_slice(cache, new[None].astype(cache.dtype), start)
+
+
+def _read_layer(cache, layer):
+    """[L, B, S, K, Dh] -> [B, S, K, Dh] (a static slice for a Python int, else a dynamic one)."""
+    if isinstance(layer, (int, np.integer)):
+        return cache[layer]
+    return jax.lax.dynamic_index_in_dim(cache, layer, axis=0, keepdims=False)
+
+
+def _cache_start(cache_index):
+    """Start indices (batch, slot, kv head, head dim) of the new rows in one layer's cache."""
     zero = jnp.zeros((), jnp.int32)
-    return (*leading, zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+    return (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
 
 
 class MLP(nnx.Module):
@@ -342,12 +369,12 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, k_cache, v_cache, cache_index):
-        """x [B, T, D] -> (x [B, T, D], k_new, v_new [B, T, K, Dh])."""
-        a, k_new, v_new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, cache_index)
+    def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index):
+        """x [B, T, D]; full caches ks, vs or None -> (x [B, T, D], ks, vs) (see Attention)."""
+        a, ks, vs = self.self_attn(self.input_layernorm(x), cos, sin, mask, ks, vs, layer, cache_index)
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, k_new, v_new
+        return x, ks, vs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,7 +399,8 @@ class Embed(nnx.Module):
                                 ("vocab", "embed"))
 
     def __call__(self, tokens):  # [B, T] -> [B, T, D]
-        return jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+        table = _replicate_dim(self.embedding[...], 1)  # [V, D]: D whole under a mesh (FSDP gather)
+        return jnp.take(table, tokens, axis=0).astype(self.dtype)
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
@@ -414,7 +442,7 @@ class Decoder(nnx.Module):
         """
         _check_inputs(tokens, positions, attention_mask, cache, cache_index)
         cfg = self.cfg
-        x = self.embed_tokens(tokens)  # [B, T, D]
+        x = _constrain_batch(self.embed_tokens(tokens))  # [B, T, D]
         cos, sin = rope_cos_sin(positions, rope_inv_freq(cfg))  # [B, T, Dh]
         mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
         ks = cache.k if cache is not None else None
@@ -425,9 +453,8 @@ class Decoder(nnx.Module):
 
     def unembed_kernel(self) -> jax.Array:
         """[D, V] output projection (tied: the embedding transposed)."""
-        if self.lm_head is None:
-            return self.embed_tokens.embedding[...].T
-        return self.lm_head[...]
+        kernel = self.embed_tokens.embedding[...].T if self.lm_head is None else self.lm_head[...]
+        return _replicate_dim(kernel, 0)  # D whole under a mesh context (see _replicate_dim)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[B, T, D] -> [B, T, V] f32. Materialises all logits: small models and tests only."""
@@ -444,43 +471,89 @@ class Decoder(nnx.Module):
     # -- layers --------------------------------------------------------------------------------
 
     def _run_layers(self, x, cos, sin, mask, ks, vs, cache_index):
-        """x [B, T, D]; ks, vs [L, B, S, K, Dh] or None. Returns (x, ks, vs)."""
+        """x [B, T, D]; ks, vs [L, B, S, K, Dh] or None. Returns (x, ks, vs).
+
+        Each layer writes its T new rows into the full cache and reads its own layer back from
+        the result (Attention), so the cache is threaded layer to layer and updated in place.
+        """
         cfg = self.cfg
-        has_cache = ks is not None
 
-        def apply(graphdef, state, x, k, v):
-            return nnx.merge(graphdef, state)(x, cos, sin, mask, k, v, cache_index)
-
-        if cfg.remat:
-            apply = jax.checkpoint(apply, static_argnums=(0,))
-
-        def write(cache, new, i):  # new [B, T, K, Dh] -> rows [cache_index, +T) of layer i
-            return jax.lax.dynamic_update_slice(cache, new[None].astype(cache.dtype),
-                                                _cache_start(cache_index, (jnp.asarray(i, jnp.int32),)))
+        def apply(graphdef, state, x, ks, vs, layer):
+            return nnx.merge(graphdef, state)(x, cos, sin, mask, ks, vs, layer, cache_index)
 
         if cfg.scan_layers:
+            if cfg.remat:
+                apply = jax.checkpoint(apply, static_argnums=(0,))
             graphdef, state = nnx.split(self.layers)
 
             def body(carry, st):
                 h, ks, vs, i = carry
-                k_i = jax.lax.dynamic_index_in_dim(ks, i, keepdims=False) if has_cache else None
-                v_i = jax.lax.dynamic_index_in_dim(vs, i, keepdims=False) if has_cache else None
-                h, k_new, v_new = apply(graphdef, st, h, k_i, v_i)
-                if has_cache:
-                    ks, vs = write(ks, k_new, i), write(vs, v_new, i)
+                h, ks, vs = apply(graphdef, st, h, ks, vs, i)
                 return (h, ks, vs, i + 1), None
 
-            # The cache rides in the carry (not xs/ys) so each layer writes only its T new rows.
+            # The cache rides in the carry (not xs/ys): each layer updates the carried buffer in
+            # place, writing only its T new rows.
             (x, ks, vs, _), _ = jax.lax.scan(body, (x, ks, vs, jnp.zeros((), jnp.int32)), state)
             return x, ks, vs
 
+        if cfg.remat:
+            apply = jax.checkpoint(apply, static_argnums=(0, 5))
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            x, k_new, v_new = apply(graphdef, state, x, ks[i] if has_cache else None,
-                                    vs[i] if has_cache else None)
-            if has_cache:
-                ks, vs = write(ks, k_new, i), write(vs, v_new, i)
+            x, ks, vs = apply(graphdef, state, x, ks, vs, i)
         return x, ks, vs
+
+
+# Sharding under a mesh context. These constraints are active only under `jax.set_mesh(mesh)` (an
+# abstract mesh in context) whose axes are all Auto; jit with sharded arguments alone does not set
+# one, and without a mesh every helper here is a no-op.
+#
+# Why: left to itself the partitioner gives the token lookup's output (and, in the backward pass,
+# the scatter-add of its cotangent into the table's gradient) the embedding table's layout, hidden
+# split over 'fsdp'. That conflicts with the batch split of the activations over ('data', 'fsdp'):
+# XLA replicates the [B, T, D] activations ("[SPMD] Involuntary full rematerialization") and
+# reshuffles them with all-to-alls. So the embedding table and the output kernel are used with
+# their hidden dimension whole (all-gathered, as FSDP does for every weight; vocab keeps its own
+# split), and the embedded activations are pinned to the batch split.
+
+_BATCH_MESH_AXES = ("data", "fsdp")  # strata_jax.sharding.DEFAULT_RULES["batch"]
+
+
+def _context_mesh():
+    """The abstract mesh of a `jax.set_mesh` context with all axes Auto, else None."""
+    get = getattr(jax.sharding, "get_abstract_mesh", None)
+    mesh = get() if get is not None else None
+    if mesh is None or mesh.empty:
+        return None
+    auto = getattr(getattr(jax.sharding, "AxisType", None), "Auto", None)
+    if auto is not None and any(t != auto for t in getattr(mesh, "axis_types", ()) or ()):
+        return None  # Explicit / Manual axes: shardings live in the types, not in constraints
+    return mesh
+
+
+def _replicate_dim(w: jax.Array, dim: int) -> jax.Array:
+    """`w` with dimension `dim` unsplit (all-gathered) under a mesh context, the others free."""
+    if _context_mesh() is None:
+        return w
+    P = jax.sharding.PartitionSpec
+    return jax.lax.with_sharding_constraint(w, P(*[None if d == dim else P.UNCONSTRAINED for d in range(w.ndim)]))
+
+
+def _constrain_batch(x: jax.Array) -> jax.Array:
+    """Activations [B, ...] split over those of ('data', 'fsdp') that the context mesh has and that
+    divide B, the other dimensions whole; a no-op without a mesh context."""
+    mesh = _context_mesh()
+    if mesh is None:
+        return x
+    axes, size = [], 1
+    for a in _BATCH_MESH_AXES:
+        if a in mesh.axis_names and x.shape[0] % (size * mesh.shape[a]) == 0:
+            axes.append(a)
+            size *= mesh.shape[a]
+    if size == 1:
+        return x
+    P = jax.sharding.PartitionSpec
+    return jax.lax.with_sharding_constraint(x, P(tuple(axes), *([None] * (x.ndim - 1))))
 
 
 def _check_inputs(tokens, positions, attention_mask, cache, cache_index):
