@@ -132,6 +132,7 @@ def base_config() -> mlc.ConfigDict:
     f.batch_rows = 32
     f.demos = ""  # JSONL of demonstrations (ALFWorld); household uses its expert solver
     f.num_tasks = 256
+    f.judge_share = 1.0  # household: share of the demo tasks whose self-judgment is a demo row too
 
     # --- evaluation, checkpoints, logging, mesh -------------------------------------------------
     v = c.eval = mlc.ConfigDict()
@@ -146,6 +147,7 @@ def base_config() -> mlc.ConfigDict:
 
     g = c.log = mlc.ConfigDict()
     g.progress = True
+    g.rollout_progress = False  # also the per-step bar inside each rollout (one redraw per policy call)
     g.plots_every = 1
     g.save_batches = True  # keep each iteration's TrajectoryBatch for `launch.py ablate`
 
@@ -189,6 +191,8 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     for key in ("algo.delta", "algo.gamma", "algo.beacon_gamma"):
         if not 0.0 < _get(c, key) <= 1.0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be in (0, 1]")
+    if not 0.0 <= c.sft.judge_share <= 1.0:
+        raise ConfigError(f"config.sft.judge_share={c.sft.judge_share!r} must be in [0, 1]")
     if not 0.0 < c.sampling.top_p <= 1.0:
         raise ConfigError(f"config.sampling.top_p={c.sampling.top_p!r} must be in (0, 1]")
     if c.sampling.temperature < 0 or c.sampling.eval_temperature < 0:

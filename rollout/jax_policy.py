@@ -66,6 +66,7 @@ class JaxPolicy:
         self.stops = {k: stop_sequences(tokenizer, STOP_TAGS[k]) for k in budgets}
         self.tokens_generated = 0
         self.sample_seconds = 0.0
+        self.seconds_by_kind = {k: 0.0 for k in self.samplers}  # sampler time per call kind
         self.reseed(seed)
 
     def reseed(self, seed: int, iteration: int = 0) -> None:
@@ -100,7 +101,9 @@ class JaxPolicy:
         self._calls += 1
         t0 = time.perf_counter()
         out = sampler.generate(self.params, ids, self.sampling, key, stop_sequences=self.stops[kind])
-        self.sample_seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.sample_seconds += dt
+        self.seconds_by_kind[kind] += dt
         self.tokens_generated += int(out.lengths.sum())
         gens = []
         for i, prompt_ids in enumerate(ids):

@@ -9,6 +9,7 @@ checkpoint after iteration i holds the train state, and the run restarts at i + 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import time
@@ -30,10 +31,9 @@ from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages, pad
 from strata_jax.checkpoint import Checkpointer
 from strata_jax.diagnostics import compute_diagnostics
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
-from strata_jax.sampling import score
 from strata_jax.sft import make_sft_step
 from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
-                              make_train_step, minibatches, optimizer_config)
+                              make_train_step, minibatches, optimizer_config, sequence_logprobs)
 
 BUCKETS = ("short", "medium", "long")
 
@@ -172,33 +172,54 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)
     elif config.env.name == "household" or not config.model.path:
-        rows = sft_rows(config, tok, range(int(config.sft.num_tasks)))
+        rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
         raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
-    length = max(len(p) + len(r) for p, r in rows)
-    length = next((b for b in sorted(config.train.length_buckets) if b >= length), None)
-    if length is None:
-        raise ValueError(f"an SFT row exceeds the largest train.length_buckets ({max(config.train.length_buckets)})")
+    groups = length_groups([len(p) + len(r) for p, r in rows], config.train.length_buckets)
+    # Every row ends with its response, so the head only runs on the last `window` columns.
+    window = max(len(r) for _, r in rows)
     opt = optax.chain(optax.clip_by_global_norm(1.0),
                       optax.adamw(optax.warmup_cosine_decay_schedule(0.0, float(config.sft.lr), 20,
                                                                      max(int(config.sft.steps), 21)),
                                   weight_decay=0.0))
     opt_state = opt.init(params)
-    step = make_sft_step(graphdef, opt, int(config.train.logprob_chunk))
+    step = make_sft_step(graphdef, opt, int(config.train.logprob_chunk), window=window)
     rng = np.random.default_rng(int(config.seed) + 7)
     b = int(config.sft.batch_rows)
     bar = tqdm(range(int(config.sft.steps)), desc="sft", disable=not config.log.progress, dynamic_ncols=True)
     loss = float("nan")
     for _ in bar:
-        idx = rng.choice(len(rows), size=b, replace=len(rows) < b)
+        length, idx = sft_batch(groups, b, rng)
         pk = pad_token_rows([rows[i][0] for i in idx], [rows[i][1] for i in idx],
                             [np.zeros(len(rows[i][1]), np.float32) for i in idx], length, b,
                             pad_id=int(tok.pad_token_id or 0))
         params, opt_state, loss = step(params, opt_state, pk["tokens"], pk["attention_mask"], pk["loss_mask"])
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{float(loss):.3f}", length=length)
     export_hf(params, mcfg, tok, out_dir)
     (out_dir / "sft_info.json").write_text(json.dumps({"rows": len(rows), "steps": int(config.sft.steps),
                                                        "final_loss": float(loss)}))
+
+
+def length_groups(lengths, buckets) -> dict[int, np.ndarray]:
+    """Row indices by the smallest length bucket holding them: {bucket: indices}."""
+    lengths = np.asarray(lengths)
+    edges = np.asarray(sorted(int(b) for b in buckets))
+    if lengths.max(initial=0) > edges[-1]:
+        raise ValueError(f"an SFT row of {int(lengths.max())} tokens exceeds the largest "
+                         f"train.length_buckets ({int(edges[-1])})")
+    which = np.searchsorted(edges, lengths)  # first bucket >= length
+    return {int(edges[k]): np.flatnonzero(which == k) for k in np.unique(which)}
+
+
+def sft_batch(groups: dict[int, np.ndarray], b: int, rng: np.random.Generator) -> tuple[int, np.ndarray]:
+    """(length, row indices) of one SFT batch: a bucket drawn in proportion to its rows, then `b`
+    of its rows. A batch of one bucket pads to that bucket, not to the longest row of the corpus:
+    attention on a small CPU model costs ~ length^2, so mixed batches would pay for the longest."""
+    keys = sorted(groups)
+    sizes = np.asarray([len(groups[k]) for k in keys], np.float64)
+    k = keys[int(rng.choice(len(keys), p=sizes / sizes.sum()))]
+    g = groups[k]
+    return k, g[rng.choice(len(g), size=b, replace=len(g) < b)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,9 +261,11 @@ class Run:
                                 prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
                                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.mesh,
                                 cache_dtype=s.kv_dtype, seed=int(config.seed))
+        self.window = logprob_window(config)
         if for_training:
             self.train_step = make_train_step(graphdef, self.optimizer, loss_config(_loss_dict(t)), self.mesh,
-                                              micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk))
+                                              micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
+                                              logprob_window=self.window)
         self.adv_params = advantage_params(config)
 
     def set_temperature(self, temperature: float) -> None:
@@ -284,20 +307,58 @@ def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:
                          ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage")})
 
 
-def _score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Teacher-forced log-probs [S, L] in mini-batch-sized chunks, each cut to its length bucket."""
+def logprob_window(config) -> int:
+    """Columns at the end of a token row that can hold a trained response: the longest budget of
+    a trained call kind (strategies and actions; judgments are not trained). The update and the
+    scoring run the vocabulary head on these columns only (see train.sequence_logprobs)."""
+    s = config.sampling
+    return int(max(s.max_action_tokens, s.max_strategy_tokens))
+
+
+def check_window(loss_mask: np.ndarray, window: int) -> None:
+    """A loss token before the window would silently get log-prob 0: refuse instead."""
+    if loss_mask.shape[1] > window and loss_mask[:, :-window].any():
+        raise ValueError(f"a trained response is longer than the log-prob window ({window} tokens = the "
+                         "largest sampling budget); rows must end with their response")
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _score_window(graphdef, chunk: int, window: int, params, tokens, mask):
+    """Teacher-forced log-probs [S, L] on the last `window` columns: the update's own forward."""
+    return sequence_logprobs(graphdef, params, tokens, mask, chunk, False, window)[0]
+
+
+def _score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """Teacher-forced log-probs [S, L] (0 off the loss) of the rows that have loss tokens.
+
+    Rows are scored in length order, mini-batch-sized chunks each cut to its own length bucket:
+    attention costs ~ length^2 here, so a chunk of short rows must not pay for the longest row.
+    """
     rows = int(run.config.train.mini_batch_rows)
     buckets = run.config.train.length_buckets
+    check_window(loss_mask, run.window)
     out = np.zeros(tokens.shape, np.float32)
-    for i in range(0, tokens.shape[0], rows):
-        tk, mk = tokens[i:i + rows], mask[i:i + rows]
-        n = tk.shape[0]
-        if n < rows:  # pad to one shape
+    live = np.flatnonzero(loss_mask.any(axis=1))
+    order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
+    for i in range(0, len(order), rows):
+        idx = order[i:i + rows]
+        n = len(idx)
+        tk, mk = tokens[idx], mask[idx]
+        if n < rows:  # pad to one shape per bucket
             tk = np.concatenate([tk, np.full((rows - n, tk.shape[1]), run.pad_id, tk.dtype)])
             mk = np.concatenate([mk, np.zeros((rows - n, mk.shape[1]), bool)])
         w = trim_width(mk, buckets)
-        out[i:i + n, -w:] = score(run.graphdef, params, tk[:, -w:], mk[:, -w:], int(run.config.train.logprob_chunk))[:n]
-    return out
+        lp = _score_window(run.graphdef, int(run.config.train.logprob_chunk), run.window, params,
+                           tk[:, -w:], mk[:, -w:])
+        out[idx, -w:] = np.asarray(lp)[:n]
+    return np.where(loss_mask, out, 0.0).astype(np.float32)
+
+
+def rollout_config(config, eval_mode: bool = False) -> RolloutConfig:
+    """The run's rollout settings. The per-step bar only with log.rollout_progress: it redraws on
+    every policy call and floods captured logs, while the iteration bar keeps the rate and ETA."""
+    cfg = RolloutConfig.from_config(config, eval_mode=eval_mode)
+    return dataclasses.replace(cfg, progress=bool(config.log.progress and config.log.rollout_progress))
 
 
 def _bucket_of(h: np.ndarray) -> np.ndarray:
@@ -316,18 +377,19 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     run.policy.reseed(int(config.seed), iteration)
     run.set_temperature(config.sampling.temperature)
     tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
-    res = collect(envs, run.policy, train_tasks(config, iteration, n_train), RolloutConfig.from_config(config))
+    kind0 = dict(run.policy.seconds_by_kind)
+    res = collect(envs, run.policy, train_tasks(config, iteration, n_train), rollout_config(config))
     times["rollout"] = time.perf_counter() - t0
-    judge_s = res.stats.get("judge_time_s", 0.0)
+    kind_s = {k: run.policy.seconds_by_kind[k] - kind0.get(k, 0.0) for k in run.policy.seconds_by_kind}
 
     t1 = time.perf_counter()
     tb = res.tokens
     tokens_np, mask_np = np.asarray(tb.tokens), np.asarray(tb.attention_mask)
-    ref = _score_rows(run, run.ref_params, tokens_np, mask_np)
-    old = _score_rows(run, run.state.params, tokens_np, mask_np) if config.train.recompute_old_logp else np.asarray(tb.old_logp)
     loss_mask = np.asarray(tb.loss_mask)
-    tb = tb.replace(ref_logp=np.where(loss_mask, ref, 0.0).astype(np.float32),
-                    old_logp=np.where(loss_mask, old, 0.0).astype(np.float32))
+    ref = _score_rows(run, run.ref_params, tokens_np, mask_np, loss_mask)
+    old = (_score_rows(run, run.state.params, tokens_np, mask_np, loss_mask) if config.train.recompute_old_logp
+           else np.where(loss_mask, np.asarray(tb.old_logp), 0.0).astype(np.float32))
+    tb = tb.replace(ref_logp=ref, old_logp=old)
     times["score"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -342,6 +404,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     n_steps = 0
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
         mb = trim_rows(mb, config.train.length_buckets)
+        check_window(np.asarray(mb.loss_mask), run.window)
         run.state, m = run.train_step(run.state, mb, float(config.algo.lam_strategy))
         m = jax.device_get(m)
         n_steps += 1
@@ -368,7 +431,11 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     row["time/train_tok_s"] = float(np.asarray(tb.attention_mask).sum()) / max(times["update"], 1e-9)
     for k, v in times.items():
         row[f"time/{k}_s"] = v
-    row["time/judge_s"] = judge_s
+    # The rollout's policy time by call kind: StraTA's strategy and self-judgment calls vs the
+    # action calls every algorithm makes (bench/iteration.py reads these).
+    row["time/judge_s"] = kind_s.get("judge", 0.0)
+    row["time/strategy_s"] = kind_s.get("strategy", 0.0)
+    row["time/action_s"] = kind_s.get("action", 0.0)
     row["time/iteration_s"] = time.perf_counter() - t0
     return row, res
 
@@ -391,7 +458,7 @@ def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, 
     run.policy.params = run.state.params
     run.policy.reseed(int(run.config.seed) + 1, 0)  # the same eval samples for every checkpoint
     run.set_temperature(temperature)
-    cfg = dataclasses.replace(RolloutConfig.from_config(run.config, eval_mode=True), progress=False)
+    cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=False)
     res = collect(envs, run.policy, tasks, cfg)
     won = np.asarray(res.traj.won)[:, 0, 0]
     valid = np.asarray(res.traj.traj_mask)[:, 0, 0]
@@ -423,6 +490,13 @@ def task_types_of(config, tasks: list[int], split: str) -> dict:
         out[t] = str(info.get("task_type", "unknown"))
     if hasattr(env, "close"):
         env.close()
+    return out
+
+
+def timed_evals(run: Run, envs, tasks, types) -> dict:
+    t0 = time.perf_counter()
+    out = run_evals(run, envs, tasks, types)
+    out["time/eval_s"] = time.perf_counter() - t0
     return out
 
 
@@ -468,16 +542,23 @@ def train(config, workdir) -> dict:
     types = task_types_of(c, etasks, c.env.eval_split) if c.eval.every else {}
     title = f"{c.algo.name} on {c.env.name} ({workdir.name})"
     if run.start_iteration == 1 and c.eval.every:
+        if c.log.progress:
+            tqdm.write(f"evaluating the starting model on {len(etasks)} held-out tasks")
         row = {"iteration": 0}
-        row.update(run_evals(run, eval_envs, etasks, types))
+        row.update(timed_evals(run, eval_envs, etasks, types))
         log.append(row)
+        if c.log.progress:
+            tqdm.write(f"iteration 0: eval/success {row['eval/success']:.3f}"
+                       + (f", eval_greedy/success {row['eval_greedy/success']:.3f}" if c.eval.greedy else "")
+                       + f" ({row['time/eval_s']:.0f} s)")
     last = {}
     bar = tqdm(range(run.start_iteration, int(c.iterations) + 1), desc=f"{c.algo.name}", initial=run.start_iteration - 1,
                total=int(c.iterations), disable=not c.log.progress, dynamic_ncols=True)
     for it in bar:
         row, res = iteration_step(run, envs, it, n_train)
         if c.eval.every and (it % int(c.eval.every) == 0 or it == int(c.iterations)):
-            row.update(run_evals(run, eval_envs, etasks, types))
+            bar.set_postfix_str(f"iteration {it}: evaluating on {len(etasks)} held-out tasks", refresh=True)
+            row.update(timed_evals(run, eval_envs, etasks, types))
         if c.log.save_batches:
             _save_batch(workdir, it, res.traj)
         log.append(row)

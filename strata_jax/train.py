@@ -178,16 +178,23 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def sequence_logprobs(graphdef, params, tokens, attention_mask, chunk_size: int = 8192,
-                      return_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+                      return_entropy: bool = False, window: int | None = None
+                      ) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced log-prob of tokens[s, i] given tokens[s, :i]: [S, L] (column 0 is 0).
 
     The hidden state at i - 1 predicts token i, so the [S, L - 1] head output is shifted right.
+    `window` (static): only the last `window` columns get log-probs (0 elsewhere). Rows end with
+    their response (left padding), so a window at least as long as every response covers the whole
+    loss; the vocabulary head (and its backward scatter into the embedding) is then paid on
+    `window` columns instead of L, most of a small model's step on long prompts.
     """
     model = nnx.merge(graphdef, params)
     hidden, _ = model(tokens, positions_from_mask(attention_mask), attention_mask)  # [S, L, D]
-    logp, ent = token_logprobs(hidden[:, :-1], model.unembed_kernel(), tokens[:, 1:], chunk_size,
-                               return_entropy)  # [S, L - 1]
-    pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))  # noqa: E731
+    length = tokens.shape[1]
+    w = length - 1 if window is None else min(int(window), length - 1)
+    logp, ent = token_logprobs(hidden[:, -w - 1:-1], model.unembed_kernel(), tokens[:, -w:], chunk_size,
+                               return_entropy)  # [S, w]
+    pad = lambda x: jnp.pad(x, ((0, 0), (length - w, 0)))  # noqa: E731
     return pad(logp), (pad(ent) if ent is not None else None)
 
 
@@ -261,11 +268,14 @@ class TrainStep:
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig,
                     mesh: Mesh, rules: Mapping | None = None, micro_batches: int = 1, *,
-                    logprob_chunk: int = 8192, state_shardings: TrainState | None = None,
+                    logprob_chunk: int = 8192, logprob_window: int | None = None,
+                    state_shardings: TrainState | None = None,
                     compiler_options: dict | None = None) -> TrainStep:
     """Build the jitted update. See the module docstring for step / skip semantics.
 
     `compiler_options` go to `jax.jit` (tests on a loaded CPU use a low XLA optimisation level).
+    `logprob_window`: see `sequence_logprobs`; the caller guarantees that no `loss_mask` token lies
+    before the last `logprob_window` columns (the loss there would silently be 0).
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -276,7 +286,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         """Gradient of the loss *sum* on one micro-batch, its count and its metrics."""
         def f(p):
             logp, ent = sequence_logprobs(graphdef, p, mb.tokens, mb.attention_mask, logprob_chunk,
-                                          loss_cfg.needs_entropy)
+                                          loss_cfg.needs_entropy, logprob_window)
             if ent is not None and not loss_cfg.entropy_bonus:
                 ent = jax.lax.stop_gradient(ent)
             loss_sum, count, metrics = policy_loss(logp, mb, loss_cfg, lam, ent)

@@ -1,0 +1,89 @@
+"""rollout/trainer.py pieces that the end-to-end launch tests cannot pin down: the log-prob window
+of the update / scoring / SFT (equal to the full head on every trained token), length-sorted
+scoring, and bucketed SFT batches."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+import pytest
+from flax import nnx
+
+from rollout import trainer
+from strata_jax import sft
+from strata_jax.batch import pad_token_rows
+from strata_jax.models.qwen2 import Decoder, ModelConfig
+from strata_jax.sampling import score
+from strata_jax.train import sequence_logprobs
+
+V = 64
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True, qkv_bias=True)
+    return nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+
+
+def _rows(n: int, length: int, max_resp: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, V, rng.integers(3, length - max_resp)).astype(np.int32) for _ in range(n)]
+    resps = [rng.integers(1, V, rng.integers(1, max_resp + 1)).astype(np.int32) for _ in range(n)]
+    return pad_token_rows(prompts, resps, [np.zeros(len(r), np.float32) for r in resps], length, n, pad_id=0)
+
+
+def test_windowed_logprobs_equal_the_full_head_on_the_window(model):
+    graphdef, params = model
+    pk = _rows(6, 24, 5)
+    tok, att = jnp.asarray(pk["tokens"]), jnp.asarray(pk["attention_mask"])
+    full, ent_full = sequence_logprobs(graphdef, params, tok, att, 8192, True)
+    win, ent_win = sequence_logprobs(graphdef, params, tok, att, 8192, True, window=7)
+    np.testing.assert_allclose(np.asarray(win)[:, -7:], np.asarray(full)[:, -7:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ent_win)[:, -7:], np.asarray(ent_full)[:, -7:], rtol=1e-5, atol=1e-6)
+    assert not np.asarray(win)[:, :-7].any()
+    # the SFT loss is the same with and without the window once it covers every response
+    args = (params, graphdef, tok, att, jnp.asarray(pk["loss_mask"]), 8192)
+    assert float(sft.nll(*args, window=5)) == pytest.approx(float(sft.nll(*args)), rel=1e-6)
+
+
+def _fake_run(graphdef, rows: int, window: int):
+    config = mlc.ConfigDict({"train": {"mini_batch_rows": rows, "length_buckets": (8, 16, 24, 32),
+                                       "logprob_chunk": 8192}})
+    return types.SimpleNamespace(config=config, window=window, graphdef=graphdef, pad_id=0)
+
+
+def test_score_rows_equals_the_sampler_score_on_loss_tokens(model):
+    graphdef, params = model
+    pk = _rows(11, 32, 4, seed=1)
+    pk["loss_mask"][3] = False  # a row without loss tokens is skipped (zeros)
+    got = trainer._score_rows(_fake_run(graphdef, 4, 6), params, pk["tokens"], pk["attention_mask"],
+                              pk["loss_mask"])
+    want = np.where(pk["loss_mask"], score(graphdef, params, pk["tokens"], pk["attention_mask"]), 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_response_longer_than_the_window_is_refused(model):
+    graphdef, params = model
+    pk = _rows(4, 16, 6, seed=2)
+    with pytest.raises(ValueError, match="log-prob window"):
+        trainer._score_rows(_fake_run(graphdef, 4, 2), params, pk["tokens"], pk["attention_mask"],
+                            np.ones_like(pk["loss_mask"]))
+
+
+def test_sft_batches_come_from_one_length_bucket():
+    lengths = [5, 9, 9, 15, 30, 31, 7]
+    groups = trainer.length_groups(lengths, (8, 16, 32))
+    assert {k: sorted(v.tolist()) for k, v in groups.items()} == {8: [0, 6], 16: [1, 2, 3], 32: [4, 5]}
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(50):
+        length, idx = trainer.sft_batch(groups, 4, rng)
+        assert len(idx) == 4 and all(lengths[i] <= length for i in idx)
+        assert set(idx.tolist()) <= set(groups[length].tolist())
+        seen.add(length)
+    assert seen == {8, 16, 32}
+    with pytest.raises(ValueError, match="exceeds the largest"):
+        trainer.length_groups([40], (8, 16, 32))
