@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import tarfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -26,3 +27,16 @@ def shared():
     if not d.exists():
         pytest.fail(f"shared folder not found at {d} (set STRATA_SHARED)")
     return d
+
+
+@pytest.fixture(scope="session")
+def alf_data(tmp_path_factory):
+    """ALFWorld's eval.tar.xz (valid_seen + valid_unseen) unpacked once per session into a
+    temporary folder, never into the repository."""
+    archive = shared_dir() / "data" / "alfworld" / "eval.tar.xz"
+    if not archive.exists():
+        pytest.fail(f"ALFWorld archive missing: {archive}")
+    out = tmp_path_factory.mktemp("alfworld")
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    return out

@@ -4,29 +4,15 @@ import json
 import random
 import subprocess
 import sys
-import tarfile
 
 import pytest
 
 from rollout.envs.alfworld import AlfWorldEnv, list_games, normalise_action
 from rollout.envs.base import EnvError
-from tests.conftest import shared_dir
 
 BOOK = "pick_and_place_simple-Book-None-SideTable-329"  # book on bed 1 -> sidetable
 APPLE = "pick_heat_then_place_in_recep-Apple-None-DiningTable-26"  # apple on diningtable 2
 LAMP = "look_at_obj_in_light-AlarmClock-None-DeskLamp-323"  # alarmclock on dresser 1
-
-
-@pytest.fixture(scope="session")
-def alf_data(tmp_path_factory):
-    """eval.tar.xz unpacked once into a temporary folder (never into the repository)."""
-    archive = shared_dir() / "data" / "alfworld" / "eval.tar.xz"
-    if not archive.exists():
-        pytest.fail(f"ALFWorld archive missing: {archive}")
-    out = tmp_path_factory.mktemp("alfworld")
-    with tarfile.open(archive) as tar:
-        tar.extractall(out, filter="data")
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,11 @@ import pathlib
 import re
 import subprocess
 import sys
-import tarfile
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import shared_dir
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 P, N, M, H = 2, 2, 2, 5
@@ -212,18 +210,6 @@ def replay(data: pathlib.Path, split: str, tasks: list[int], trajectories: list[
 
 # --------------------------------------------------------------------------------------------
 # fixtures
-
-
-@pytest.fixture(scope="module")
-def alf_data(tmp_path_factory):
-    """eval.tar.xz (valid_seen + valid_unseen) unpacked into a temporary folder, never the repo."""
-    archive = shared_dir() / "data" / "alfworld" / "eval.tar.xz"
-    if not archive.exists():
-        pytest.fail(f"ALFWorld archive missing: {archive}")
-    out = tmp_path_factory.mktemp("alfworld_e2e")
-    with tarfile.open(archive) as tar:
-        tar.extractall(out, filter="data")
-    return out
 
 
 @pytest.fixture(scope="module")
