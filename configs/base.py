@@ -70,6 +70,8 @@ def base_config() -> mlc.ConfigDict:
     e.history_length = 2
     e.horizon_min = 2  # household: L* range of generated tasks
     e.horizon_max = 12
+    e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
+    e.distractors = 6  # household: unrelated objects placed around the room
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
     e.split = "train"
     e.eval_split = "valid_unseen"
@@ -183,7 +185,7 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         if _get(c, key) < 1:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 1")
     nonneg = ["algo.kappa", "algo.invalid_penalty", "algo.lam_strategy", "algo.lam_seg", "algo.omega",
-              "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
+              "env.extra_receptacles", "env.distractors", "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
               "env.history_length", "env.num_workers", "algo.revise_every", "sft.steps"]
     for key in nonneg:
         if _get(c, key) < 0:

@@ -75,9 +75,11 @@ class ExpertPolicy:
         return out
 
 
-def household_kwargs(config: Any, eval_split: bool = False) -> dict:
-    return {"max_steps": int(config.env.max_steps),
-            "horizon": (int(config.env.horizon_min), int(config.env.horizon_max))}
+def household_kwargs(config: Any) -> dict:
+    """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
+    e = config.env
+    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
+            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors)}
 
 
 def demo_rollout_config(config: Any) -> RolloutConfig:

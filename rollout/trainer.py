@@ -55,7 +55,9 @@ def make_mesh(config) -> jax.sharding.Mesh:
 def env_kwargs(config, split: str | None = None) -> dict:
     e = config.env
     if e.name == "household":
-        return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max))}
+        from rollout.demos import household_kwargs
+
+        return household_kwargs(config)
     if e.name == "alfworld":
         return {"data_dir": str(e.data_dir), "split": split or e.split, "max_steps": int(e.max_steps),
                 "milestones": config.algo.milestones}
