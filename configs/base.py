@@ -185,8 +185,9 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         if _get(c, key) < 1:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 1")
     nonneg = ["algo.kappa", "algo.invalid_penalty", "algo.lam_strategy", "algo.lam_seg", "algo.omega",
-              "env.extra_receptacles", "env.distractors", "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
-              "env.history_length", "env.num_workers", "algo.revise_every", "sft.steps"]
+              "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
+              "env.history_length", "env.num_workers", "env.extra_receptacles", "env.distractors",
+              "algo.revise_every", "sft.steps"]
     for key in nonneg:
         if _get(c, key) < 0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 0")
