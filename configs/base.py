@@ -73,6 +73,7 @@ def base_config() -> mlc.ConfigDict:
     e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
     e.distractors = 6  # household: unrelated objects placed around the room
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
+    e.cache_dir = ""  # alfworld: translated-game cache shared by workers and runs ("" = in memory only)
     e.split = "train"
     e.eval_split = "valid_unseen"
     e.num_workers = 0  # 0 = in-process pool; > 0 worker processes

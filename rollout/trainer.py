@@ -60,7 +60,7 @@ def env_kwargs(config, split: str | None = None) -> dict:
         return household_kwargs(config)
     if e.name == "alfworld":
         return {"data_dir": str(e.data_dir), "split": split or e.split, "max_steps": int(e.max_steps),
-                "milestones": config.algo.milestones}
+                "milestones": config.algo.milestones, "cache_dir": str(e.cache_dir) or None}
     return {"max_steps": int(e.max_steps)}
 
 
@@ -114,7 +114,8 @@ def eval_tasks(config, n_eval: int | None) -> list[int]:
     n = int(config.eval.num_tasks)
     if n_eval is None:  # household: held-out seeds, disjoint from training seeds
         return list(range(int(config.env.eval_seed_offset), int(config.env.eval_seed_offset) + n))
-    return list(range(min(n, n_eval)))
+    # Spread over the split: games are stored grouped by task type, so the first n are one type.
+    return sorted({int(i) for i in np.linspace(0, n_eval - 1, num=min(n, n_eval))})
 
 
 def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
@@ -514,11 +515,15 @@ def run_evals(run: Run, envs, tasks, types) -> dict:
 # entry points (launch.py modes)
 
 
-def _save_batch(workdir: pathlib.Path, iteration: int, traj: TrajectoryBatch) -> None:
+def _save_batch(workdir: pathlib.Path, iteration: int, traj: TrajectoryBatch, texts: dict | None = None) -> None:
+    """The iteration's TrajectoryBatch (what `ablate` reads) and, beside it, its texts (strategies,
+    actions, judgments) so a person can read what the numbers were computed from."""
     d = workdir / "batches"
     d.mkdir(exist_ok=True)
     np.savez_compressed(d / f"iter_{iteration:05d}.npz",
                         **{f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)})
+    if texts is not None:
+        (d / f"iter_{iteration:05d}.texts.json").write_text(json.dumps(texts, indent=1, default=str))
 
 
 def _plots(workdir: pathlib.Path, history: list[dict], title: str) -> None:
@@ -562,7 +567,7 @@ def train(config, workdir) -> dict:
             bar.set_postfix_str(f"iteration {it}: evaluating on {len(etasks)} held-out tasks", refresh=True)
             row.update(timed_evals(run, eval_envs, etasks, types))
         if c.log.save_batches:
-            _save_batch(workdir, it, res.traj)
+            _save_batch(workdir, it, res.traj, res.texts)
         log.append(row)
         if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
             run.ckpt.save(it, run.state, extra={"iteration": it}, force=True)
