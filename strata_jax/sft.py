@@ -11,30 +11,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
-from strata_jax.models.heads import token_logprobs
-
-
-def sequence_logprobs(model, tokens: jax.Array, attention_mask: jax.Array, chunk: int,
-                      window: int | None = None) -> jax.Array:
-    """[S, L] log p(tokens[:, i] | tokens[:, :i]); column 0 is 0 (nothing predicts it).
-
-    `window` (static): log-probs of the last `window` columns only, 0 before them. Responses end
-    their rows, so a window covering the longest response gives the same loss while the vocabulary
-    head runs on `window` columns instead of L (it dominates a small model's step otherwise).
-    """
-    positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
-    hidden, _ = model(tokens, positions, attention_mask)  # [S, L, D]
-    length = tokens.shape[1]
-    w = length - 1 if window is None else min(int(window), length - 1)
-    logp, _ = token_logprobs(hidden[:, -w - 1:-1], model.unembed_kernel(), tokens[:, -w:], chunk)  # [S, w]
-    return jnp.pad(logp, ((0, 0), (length - w, 0)))
+from strata_jax.train import sequence_logprobs
 
 
 def nll(params, graphdef, tokens, attention_mask, loss_mask, chunk, window=None):
-    model = nnx.merge(graphdef, params)
-    logp = sequence_logprobs(model, tokens, attention_mask, chunk, window)
+    # The update's own forward (train.sequence_logprobs): SFT and RL score tokens identically.
+    logp, _ = sequence_logprobs(graphdef, params, tokens, attention_mask, chunk, False, window)
     w = loss_mask.astype(jnp.float32)
     return -(logp * w).sum() / jnp.maximum(w.sum(), 1.0)
 
@@ -43,7 +26,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, chunk: int 
                   window: int | None = None):
     """One jitted AdamW step on the mean response-token NLL; returns (params, opt_state, loss).
 
-    `window`: see `sequence_logprobs`; the caller keeps every loss_mask token inside it.
+    `window`: see `train.sequence_logprobs`; the caller keeps every loss_mask token inside it.
     """
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))

@@ -277,6 +277,20 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     `logprob_window`: see `sequence_logprobs`; the caller guarantees that no `loss_mask` token lies
     before the last `logprob_window` columns (the loss there would silently be 0).
     """
+    step_fn = train_step_fn(graphdef, optimizer, loss_cfg, mesh, rules, micro_batches,
+                            logprob_chunk=logprob_chunk, logprob_window=logprob_window)
+    return TrainStep(step_fn, mesh, rules, micro_batches, state_shardings, compiler_options)
+
+
+def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig,
+                  mesh: Mesh, rules: Mapping | None = None, micro_batches: int = 1, *,
+                  logprob_chunk: int = 8192, logprob_window: int | None = None
+                  ) -> Callable[[TrainState, TokenBatch, Any], tuple[TrainState, dict]]:
+    """The unjitted `step_fn(state, batch, lam_strategy) -> (state, metrics)` that `make_train_step`
+    jits: pure, so it can also be vmapped over a stacked [K] state and batch (rollout/population.py).
+    The sharding constraints inside it name mesh axes per copy; under vmap the copy axis stays
+    unconstrained (replicated).
+    """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     n_data = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -332,7 +346,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                        applied=apply.astype(jnp.int32))
         return new_state, metrics
 
-    return TrainStep(step_fn, mesh, rules, micro_batches, state_shardings, compiler_options)
+    return step_fn
 
 
 # ----------------------------------------------------------------------------------------------
