@@ -5,6 +5,7 @@
     python launch.py eval   --workdir runs/x           # success overall / per task type / per horizon bucket
     python launch.py sft    --config configs/tiny_household.py --workdir runs/x
     python launch.py ablate --workdir runs/x --grid delta=0.25,0.5,0.75,1 --grid kappa=0,0.1,0.2
+    python launch.py ablate --train --workdir runs/pop --grid delta=0.25,0.5   # train 2 copies in one vmapped program
     python launch.py export --workdir runs/x --out exported/   # Hugging Face format
 
 Every mode validates the config before any work; an unknown key or a bad value names the key.
@@ -27,6 +28,8 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, plots). Default: runs/<config name>.")
 flags.DEFINE_multi_string("grid", [], "ablate: NAME=v1,v2,... (delta, kappa, gamma, beacon_gamma, lam_strategy, "
                           "lam_seg, omega, invalid_penalty); repeat for a product grid.")
+flags.DEFINE_bool("train", False, "ablate: train one copy of the model per grid point, all in one vmapped "
+                  "program (rollout/population.py), instead of re-scoring a run's saved batches.")
 flags.DEFINE_string("out", None, "export: output directory for the Hugging Face model.")
 flags.DEFINE_bool("dry_run", False, "Validate and print the resolved config, then exit.")
 FLAGS = flags.FLAGS
@@ -59,6 +62,17 @@ def main(argv: list[str]) -> int:
     if FLAGS.dry_run:
         print(config)
         return 0
+    if FLAGS.train and mode != "ablate":
+        raise app.UsageError("--train belongs to the ablate mode: launch.py ablate --train --grid NAME=v1,v2")
+    if mode == "ablate":  # a bad grid fails before any model is built
+        from rollout.ablate import parse_grid
+        from rollout.population import parse_train_grid
+
+        try:
+            (parse_train_grid if FLAGS.train else parse_grid)(FLAGS.grid)
+        except ValueError as e:
+            print(f"grid error: {e}", file=sys.stderr)
+            return 2
     workdir = _workdir(config)
     from rollout import trainer  # heavy imports (jax, transformers) only after validation
 
@@ -68,6 +82,10 @@ def main(argv: list[str]) -> int:
         trainer.sft_only(config, workdir)
     elif mode == "eval":
         trainer.evaluate_run(config, workdir)
+    elif mode == "ablate" and FLAGS.train:
+        from rollout.population import train_population
+
+        train_population(config, workdir, FLAGS.grid)
     elif mode == "ablate":
         trainer.ablate(config, workdir, FLAGS.grid)
     elif mode == "export":

@@ -130,3 +130,33 @@ def plot_success_by_horizon(history: list[dict], path: str | os.PathLike, prefix
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
+
+
+def plot_population(histories: list[list[dict]], labels: list[str], path: str | os.PathLike,
+                    keys: tuple[str, ...], title: str = "") -> bool:
+    """Learning curves of a population run side by side: one panel per metric, one line per copy
+    (labelled by its grid values). Returns False if nothing to draw."""
+    keys = [k for k in keys if any(_series(h, k)[0] for h in histories)]
+    if not keys:
+        return False
+    cols = min(3, len(keys))
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.0 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for history, label in zip(histories, labels):
+            xs, ys = _series(history, key)
+            if xs:
+                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(names) - 1) // 4), 1, 1))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
