@@ -72,6 +72,7 @@ def base_config() -> mlc.ConfigDict:
     e.horizon_max = 12
     e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
     e.distractors = 6  # household: unrelated objects placed around the room
+    e.reveal_objects = False  # household: the first observation says where the task's objects are
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
     e.cache_dir = ""  # alfworld: translated-game cache shared by workers and runs ("" = in memory only)
     e.split = "train"
@@ -158,7 +159,18 @@ def base_config() -> mlc.ConfigDict:
     h.data = 1
     h.fsdp = -1  # -1 = all remaining devices
     h.tensor = 1
-    h.distributed = False  # jax.distributed.initialize() (multi-host GPU / TPU pods)
+    h.distributed = False  # jax.distributed.initialize() (multi-host GPU / TPU pods; docs/TPU.md)
+    # initialize() arguments; unset ("" / 0 / -1) falls back to the environment variables
+    # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, then to jax's auto-detection
+    # (Cloud TPU, SLURM, Open MPI).
+    h.coordinator_address = ""  # "host:port" of process 0
+    h.num_processes = 0
+    h.process_id = -1
+    h.local_device_ids = ""  # e.g. "0,1": this process's accelerators ("" = all visible)
+    # Rollouts of an iteration are collected in this many shards of P / shards tasks, each with its
+    # own sampling keys (0 = one shard per process). Process h collects shards h*S/H .. (h+1)*S/H-1,
+    # so a run on H processes is replayed exactly on one process with rollout_shards=H.
+    h.rollout_shards = 0
     return c
 
 
@@ -208,15 +220,44 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         raise ConfigError(
             f"config.algo.judgment=True is only wired for strata / strata+beacon, not {c.algo.name!r}: "
             "set --config.algo.judgment=False")
+    if c.env.reveal_objects and c.env.name != "household":
+        raise ConfigError(f"config.env.reveal_objects=True is only wired for env.name='household', not {c.env.name!r}")
     if c.algo.judge_train:
         raise ConfigError("config.algo.judge_train=True is not wired yet: judgment tokens cannot be trained")
     if c.algo.name.startswith("strata") is False and c.algo.revise_every:
         raise ConfigError("config.algo.revise_every only applies to strata and strata+beacon")
+    _validate_mesh(c)
     if c.train.micro_batches > c.train.mini_batch_rows or c.train.mini_batch_rows % c.train.micro_batches:
         raise ConfigError(
             f"config.train.micro_batches={c.train.micro_batches} must divide "
             f"config.train.mini_batch_rows={c.train.mini_batch_rows}")
     return c
+
+
+def _validate_mesh(c: mlc.ConfigDict) -> None:
+    h = c.mesh
+    if h.num_processes < 0 or h.rollout_shards < 0:
+        raise ConfigError(f"config.mesh.num_processes={h.num_processes} / rollout_shards={h.rollout_shards} "
+                          "must be >= 0 (0 = unset)")
+    if h.process_id < -1:
+        raise ConfigError(f"config.mesh.process_id={h.process_id} must be >= 0 (or -1 = unset)")
+    if not h.distributed and (h.coordinator_address or h.num_processes > 1 or h.process_id >= 0
+                              or h.local_device_ids):
+        raise ConfigError("config.mesh.coordinator_address / num_processes / process_id / local_device_ids "
+                          "only apply with --config.mesh.distributed=True")
+    if h.num_processes and h.process_id >= h.num_processes:
+        raise ConfigError(f"config.mesh.process_id={h.process_id} must be < num_processes={h.num_processes}")
+    p = c.algo.tasks_per_iter
+    if h.rollout_shards and p % h.rollout_shards:
+        raise ConfigError(f"config.algo.tasks_per_iter={p} must divide by config.mesh.rollout_shards="
+                          f"{h.rollout_shards}")
+    shards = h.rollout_shards or h.num_processes
+    if h.num_processes and shards % h.num_processes:
+        raise ConfigError(f"config.mesh.rollout_shards={h.rollout_shards} must be a multiple of "
+                          f"num_processes={h.num_processes} (every process collects whole shards)")
+    if shards and p % shards:
+        raise ConfigError(f"config.algo.tasks_per_iter={p} must divide by the {shards} rollout shards "
+                          "(config.mesh.num_processes / rollout_shards): each shard collects P / shards tasks")
 
 
 def get_config() -> mlc.ConfigDict:

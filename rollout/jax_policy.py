@@ -69,9 +69,14 @@ class JaxPolicy:
         self.seconds_by_kind = {k: 0.0 for k in self.samplers}  # sampler time per call kind
         self.reseed(seed)
 
-    def reseed(self, seed: int, iteration: int = 0) -> None:
-        """Randomness for one iteration: a pure function of (seed, iteration, call number)."""
+    def reseed(self, seed: int, iteration: int = 0, shard: int | None = None) -> None:
+        """Randomness for one iteration: a pure function of (seed, iteration, call number), and of
+        the rollout shard when the iteration is collected in several (rollout/shards.py). The
+        sampler draws one key per call for the whole batch, so a shard's samples depend on its own
+        calls only, whichever process runs it; shard=None is the one-shard key."""
         self._key = jax.random.fold_in(jax.random.key(seed), iteration)
+        if shard is not None:
+            self._key = jax.random.fold_in(self._key, int(shard))
         self._calls = 0
 
     @property

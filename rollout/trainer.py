@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from rollout import report
 from rollout.collect import RolloutConfig, collect
 from rollout.jax_policy import JaxPolicy
+from rollout.shards import merge_results, process_shards, shard_tasks, to_host
 from strata_jax import sharding
 from strata_jax.advantages import compute_advantages
 from strata_jax.advantages.params import AdvantageParams
@@ -43,7 +44,9 @@ BUCKETS = ("short", "medium", "long")
 
 
 def make_mesh(config) -> jax.sharding.Mesh:
-    sharding.maybe_init_distributed({"distributed": bool(config.mesh.distributed)})
+    """The global mesh; with config.mesh.distributed, jax.distributed is initialised first
+    (coordinator address, process count and id from config.mesh or JAX_* variables)."""
+    sharding.maybe_init_distributed(config.mesh)
     n = jax.device_count()
     data, tensor = int(config.mesh.data), int(config.mesh.tensor)
     fsdp = int(config.mesh.fsdp) if config.mesh.fsdp > 0 else n // (data * tensor)
@@ -125,6 +128,11 @@ def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"config.model.path={str(path)!r} has no config.json: not a model directory")
         return path
+    if jax.process_count() > 1:
+        # Building it would mean one process training the SFT model while the others wait in a
+        # collective, and every process writing the same workdir files.
+        raise ValueError("a run on several processes needs config.model.path: build the tiny SFT model "
+                         "first on one process (`python launch.py sft ...`) and pass its sft_model directory")
     sft_dir = workdir / "sft_model"
     if (sft_dir / "config.json").exists():
         return sft_dir
@@ -234,9 +242,17 @@ class Run:
 
     def __init__(self, config, workdir: pathlib.Path, for_training: bool = True):
         self.config, self.workdir = config, pathlib.Path(workdir)
+        self.mesh = make_mesh(config)  # first: jax.distributed must start before devices are touched
+        self.nproc, self.rank = jax.process_count(), jax.process_index()
+        self.lead = self.rank == 0  # the one process that writes run files (metrics, plots, batches)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-        self.mesh = make_mesh(config)
+        if self.lead:
+            (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        self.shards = rollout_shards(config)
+        self.my_shards = process_shards(self.shards, self.rank, self.nproc)
+        # Each process samples on its own devices with a local copy of the params, so a rollout
+        # never waits on another host (docs/TPU.md); one process samples on the global mesh.
+        self.local_mesh = self.mesh if self.nproc == 1 else sharding.local_mesh(int(config.mesh.tensor))
         self.model_path = model_dir(config, self.workdir, self.mesh)
         (graphdef, params), self.mcfg = load_hf_model(
             self.model_path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=self.mesh,
@@ -260,9 +276,10 @@ class Run:
             self.start_iteration = int(extra["iteration"]) + 1
         s = config.sampling
         budgets = {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens}
-        self.policy = JaxPolicy(graphdef, self.state.params, self.tokenizer, budgets,
+        self._synced = None
+        self.policy = JaxPolicy(graphdef, self._policy_params(), self.tokenizer, budgets,
                                 prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
-                                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.mesh,
+                                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
                                 cache_dtype=s.kv_dtype, seed=int(config.seed))
         self.window = logprob_window(config)
         if for_training:
@@ -271,11 +288,43 @@ class Run:
                                               logprob_window=self.window)
         self.adv_params = advantage_params(config)
 
+    def _policy_params(self):
+        """The sampler's params for the current train state. Several processes: a local replica
+        gathered from every process's shards (a collective; see sync_policy)."""
+        self._synced = self.state
+        if self.nproc == 1:
+            return self.state.params
+        return sharding.shard_params(sharding.fetch_global(self.state.params), self.local_mesh)
+
+    def sync_policy(self) -> None:
+        """Point the sampler at the current train state. With several processes every process must
+        call this at the same point (it gathers the params); it is a no-op when nothing changed,
+        which is what lets process 0 evaluate alone right after a synced update."""
+        if self._synced is not self.state:
+            self.policy.params = self._policy_params()
+        elif self.nproc == 1:
+            self.policy.params = self.state.params
+
     def set_temperature(self, temperature: float) -> None:
         from strata_jax.sampling import SamplingParams
 
         s = self.config.sampling
         self.policy.sampling = SamplingParams(temperature=float(temperature), top_p=s.top_p, top_k=s.top_k)
+
+
+def rollout_shards(config) -> int:
+    """Shards an iteration's P tasks are collected in (config.mesh.rollout_shards, 0 = one per
+    process). Checked here as well as in validate(): the process count may be auto-detected."""
+    shards = int(config.mesh.rollout_shards) or jax.process_count()
+    p = int(config.algo.tasks_per_iter)
+    if shards % jax.process_count():
+        raise ValueError(f"config.mesh.rollout_shards={shards} must be a multiple of the {jax.process_count()} "
+                         "processes: every process collects whole shards")
+    if p % shards:
+        raise ValueError(f"config.algo.tasks_per_iter={p} must divide by the {shards} rollout shards "
+                         f"({jax.process_count()} processes, config.mesh.rollout_shards="
+                         f"{int(config.mesh.rollout_shards)}): each shard collects P / shards tasks")
+    return shards
 
 
 def _loss_dict(t) -> dict:
@@ -351,10 +400,19 @@ def _score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mas
             tk = np.concatenate([tk, np.full((rows - n, tk.shape[1]), run.pad_id, tk.dtype)])
             mk = np.concatenate([mk, np.zeros((rows - n, mk.shape[1]), bool)])
         w = trim_width(mk, buckets)
-        lp = _score_window(run.graphdef, int(run.config.train.logprob_chunk), run.window, params,
-                           tk[:, -w:], mk[:, -w:])
-        out[idx, -w:] = np.asarray(lp)[:n]
+        tk, mk = _to_mesh(run, (tk[:, -w:], mk[:, -w:]))
+        lp = _score_window(run.graphdef, int(run.config.train.logprob_chunk), run.window, params, tk, mk)
+        out[idx, -w:] = sharding.fetch_global(lp)[:n]
     return np.where(loss_mask, out, 0.0).astype(np.float32)
+
+
+def _to_mesh(run, tree):
+    """Several processes: the host rows (the same on every process) as global arrays split over
+    the data axes, each process supplying its own devices' rows. One process: unchanged (host
+    numpy goes to the jitted function as before)."""
+    if getattr(run, "nproc", 1) == 1:
+        return tree
+    return sharding.global_from_host(tree, sharding.data_sharding(run.mesh))
 
 
 def rollout_config(config, eval_mode: bool = False) -> RolloutConfig:
@@ -372,16 +430,36 @@ def _bucket_of(h: np.ndarray) -> np.ndarray:
 # one iteration
 
 
+def collect_iteration(run: Run, envs, iteration: int, n_train: int | None):
+    """This iteration's rollouts over all P tasks, the same on every process.
+
+    Each process collects its own shards (one after the other, each with its own sampling keys;
+    see rollout/shards.py), then the shards are gathered to every process and merged. One shard
+    (the default on one process) is exactly the plain `collect` over all tasks.
+    """
+    config = run.config
+    cfg = rollout_config(config)
+    if run.nproc > 1:
+        cfg = dataclasses.replace(cfg, progress=cfg.progress and run.lead)
+    per_shard = shard_tasks(train_tasks(config, iteration, n_train), run.shards)
+    mine = []
+    for shard in run.my_shards:
+        run.policy.reseed(int(config.seed), iteration, shard=None if run.shards == 1 else shard)
+        mine.append(collect(envs, run.policy, per_shard[shard], cfg))
+    if run.nproc > 1:
+        mine = [r for part in sharding.allgather_objects([to_host(r) for r in mine]) for r in part]
+    return merge_results(mine, cfg)
+
+
 def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple[dict, Any]:
     config = run.config
     times = {}
     t0 = time.perf_counter()
-    run.policy.params = run.state.params
-    run.policy.reseed(int(config.seed), iteration)
+    run.sync_policy()
     run.set_temperature(config.sampling.temperature)
     tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
     kind0 = dict(run.policy.seconds_by_kind)
-    res = collect(envs, run.policy, train_tasks(config, iteration, n_train), rollout_config(config))
+    res = collect_iteration(run, envs, iteration, n_train)
     times["rollout"] = time.perf_counter() - t0
     kind_s = {k: run.policy.seconds_by_kind[k] - kind0.get(k, 0.0) for k in run.policy.seconds_by_kind}
 
@@ -408,12 +486,16 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
         mb = trim_rows(mb, config.train.length_buckets)
         check_window(np.asarray(mb.loss_mask), run.window)
-        run.state, m = run.train_step(run.state, mb, float(config.algo.lam_strategy))
+        # Every process cut the same mini-batches from the same gathered batch (same seed).
+        run.state, m = run.train_step(run.state, _to_mesh(run, mb), float(config.algo.lam_strategy))
         m = jax.device_get(m)
         n_steps += 1
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + float(np.asarray(v))
     times["update"] = time.perf_counter() - t3
+    # Gather the new params for the samplers now, on every process together, so that process 0
+    # can evaluate alone after this step without waiting in a collective (docs/TPU.md).
+    run.sync_policy()
 
     row = {"iteration": iteration}
     row.update(_diag_row("train", diag))
@@ -457,8 +539,14 @@ def _diag_row(prefix: str, diag: dict) -> dict:
 
 
 def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, task_types: dict) -> dict:
-    """Success overall, per horizon bucket and per task type on held-out tasks (one episode each)."""
-    run.policy.params = run.state.params
+    """Success overall, per horizon bucket and per task type on held-out tasks (one episode each).
+
+    Several processes: only process 0 evaluates (no collective inside), with the params
+    iteration_step already gathered."""
+    if run.nproc > 1 and run._synced is not run.state:
+        raise RuntimeError("evaluate on several processes needs a policy synced by every process first "
+                           "(Run.sync_policy): gathering the params here would wait forever on the others")
+    run.sync_policy()
     run.policy.reseed(int(run.config.seed) + 1, 0)  # the same eval samples for every checkpoint
     run.set_temperature(temperature)
     cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=False)
@@ -531,24 +619,44 @@ def _plots(workdir: pathlib.Path, history: list[dict], title: str) -> None:
     report.plot_success_by_horizon(history, workdir / "success_by_horizon.png", "eval")
 
 
+class _NoLog:
+    """The metrics log of a process other than 0: rows are computed (they are global) but only
+    process 0 writes them."""
+
+    history: list = []
+
+    def truncate_after(self, iteration: int) -> None:
+        pass
+
+    def append(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def train(config, workdir) -> dict:
     workdir = pathlib.Path(workdir)
     run = Run(config, workdir)
-    log = report.MetricsLog(workdir)
+    log = report.MetricsLog(workdir) if run.lead else _NoLog()
     # A fresh run starts a fresh log; a resumed one drops rows past its checkpoint (redone now).
     log.truncate_after(run.start_iteration - 1 if run.start_iteration > 1 else -1)
     c = config
     n_train = num_tasks(c, c.env.split)
     n_eval = num_tasks(c, c.env.eval_split)
-    per_iter = c.algo.tasks_per_iter * (c.algo.num_strategies * c.algo.traj_per_strategy
-                                        if c.algo.name.startswith("strata") else c.algo.group_size)
-    envs = make_envs(c, per_iter, c.env.split)
+    # environments for one rollout shard (a process collects its shards one after the other)
+    per_shard = c.algo.tasks_per_iter // run.shards * (c.algo.num_strategies * c.algo.traj_per_strategy
+                                                        if c.algo.name.startswith("strata") else c.algo.group_size)
+    envs = make_envs(c, per_shard, c.env.split)
+    evaluating = bool(c.eval.every) and run.lead  # several processes: process 0 evaluates alone
     eval_envs = make_envs(c, min(int(c.eval.num_tasks), n_eval or int(c.eval.num_tasks)), c.env.eval_split) \
-        if c.eval.every else None
+        if evaluating else None
     etasks = eval_tasks(c, n_eval)
-    types = task_types_of(c, etasks, c.env.eval_split) if c.eval.every else {}
+    types = task_types_of(c, etasks, c.env.eval_split) if evaluating else {}
     title = f"{c.algo.name} on {c.env.name} ({workdir.name})"
-    if run.start_iteration == 1 and c.eval.every:
+    if not run.lead:
+        c = _quiet(c)
+    if run.start_iteration == 1 and evaluating:
         if c.log.progress:
             tqdm.write(f"evaluating the starting model on {len(etasks)} held-out tasks")
         row = {"iteration": 0}
@@ -563,27 +671,37 @@ def train(config, workdir) -> dict:
                total=int(c.iterations), disable=not c.log.progress, dynamic_ncols=True)
     for it in bar:
         row, res = iteration_step(run, envs, it, n_train)
-        if c.eval.every and (it % int(c.eval.every) == 0 or it == int(c.iterations)):
+        if evaluating and (it % int(c.eval.every) == 0 or it == int(c.iterations)):
             bar.set_postfix_str(f"iteration {it}: evaluating on {len(etasks)} held-out tasks", refresh=True)
             row.update(timed_evals(run, eval_envs, etasks, types))
-        if c.log.save_batches:
+        if c.log.save_batches and run.lead:
             _save_batch(workdir, it, res.traj, res.texts)
         log.append(row)
+        # every process saves: orbax writes each process's own shards of the state
         if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
             run.ckpt.save(it, run.state, extra={"iteration": it}, force=True)
-        if c.log.plots_every and it % int(c.log.plots_every) == 0:
+        if c.log.plots_every and it % int(c.log.plots_every) == 0 and run.lead:
             _plots(workdir, log.history, title)
         bar.set_postfix(success=f"{row['train/success']:.2f}", ret=f"{row['train/episode_return']:.2f}",
                         tok_s=f"{row['time/sample_tok_s']:.0f}",
                         eval=f"{row.get('eval/success', float('nan')):.2f}")
         last = row
     run.ckpt.wait()
-    _plots(workdir, log.history, title)
+    if run.lead:
+        _plots(workdir, log.history, title)
     log.close()
     for pool in (envs, eval_envs):
         if hasattr(pool, "close"):
             pool.close()
     return last
+
+
+def _quiet(config):
+    """The config with progress output off (processes other than 0 print no bars)."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.log.progress = False
+    return config
 
 
 def sft_only(config, workdir) -> None:
@@ -599,6 +717,8 @@ def sft_only(config, workdir) -> None:
 def evaluate_run(config, workdir) -> dict:
     workdir = pathlib.Path(workdir)
     run = Run(config, workdir, for_training=False)
+    if not run.lead:  # several processes: process 0 evaluates alone (evaluate needs no collective)
+        return {}
     n_eval = num_tasks(config, config.env.eval_split)
     tasks = eval_tasks(config, n_eval)
     envs = make_envs(config, len(tasks), config.env.eval_split)
@@ -616,6 +736,9 @@ def export(config, workdir, out_dir) -> pathlib.Path:
     """The latest checkpoint's params in Hugging Face format (transformers loads it)."""
     workdir = pathlib.Path(workdir)
     run = Run(config, workdir, for_training=False)
+    if run.nproc > 1:
+        raise ValueError("export runs on one process: drop --config.mesh.distributed (the checkpoint "
+                         "restores on any mesh)")
     out = pathlib.Path(out_dir)
     export_hf(run.state.params, run.mcfg, run.tokenizer, out)
     print(f"exported iteration {run.start_iteration - 1} to {out}")

@@ -35,9 +35,15 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": ("data", "fsdp"),
 }
 
-# Keys of a `config.mesh` section that are not mesh axes (see maybe_init_distributed).
+# Keys of a `config.mesh` section that are not mesh axes (see maybe_init_distributed;
+# rollout_shards is read by the trainer).
 _MESH_CONFIG_KEYS = ("distributed", "enabled", "coordinator_address", "num_processes", "process_id",
-                     "local_device_ids")
+                     "local_device_ids", "rollout_shards")
+# The initialize() arguments, and the environment variables that fill them when the config leaves
+# them unset ("" / 0 / -1): the names MaxText- and Tunix-style launch scripts export.
+_DIST_ARGS = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
+DIST_ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
+            "process_id": "JAX_PROCESS_ID"}
 
 # Where different flax versions keep a Variable's logical axis names (newest first).
 _AXES_METADATA_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -190,12 +196,59 @@ def host_local_to_global(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
 
 
+def distributed_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The `jax.distributed.initialize` keyword arguments a `config.mesh` section asks for.
+
+    Unset values ("" / None for the address, 0 or less for the process count, negative for the
+    process id, "" / None for local_device_ids) fall back to the environment variables in
+    DIST_ENV; what is still unset is left out, for jax's own auto-detection (Cloud TPU, SLURM,
+    Open MPI). local_device_ids may be an int, a list or a comma-separated string.
+    """
+    import os
+
+    out: dict[str, Any] = {}
+    addr = cfg.get("coordinator_address") or os.environ.get(DIST_ENV["coordinator_address"]) or None
+    if addr:
+        out["coordinator_address"] = str(addr)
+    for key in ("num_processes", "process_id"):
+        val = cfg.get(key)
+        if val is None or int(val) < (1 if key == "num_processes" else 0):
+            env = os.environ.get(DIST_ENV[key], "").strip()
+            try:
+                val = int(env) if env else None
+            except ValueError:
+                raise ShardingError(f"environment variable {DIST_ENV[key]}={env!r} is not an integer") from None
+        if val is not None:
+            out[key] = int(val)
+    ids = cfg.get("local_device_ids")
+    if ids not in (None, "", ()):
+        if isinstance(ids, str):
+            ids = [int(i) for i in ids.split(",") if i.strip()]
+        out["local_device_ids"] = ids
+    n, i = out.get("num_processes"), out.get("process_id")
+    if n is not None and i is not None and not 0 <= i < n:
+        raise ShardingError(f"distributed: process_id={i} is not in [0, num_processes={n})")
+    return out
+
+
+def _use_cpu_collectives() -> None:
+    """Cross-process collectives on the CPU backend need an implementation chosen before the
+    backend starts: gloo (TCP, no extra install). It is the default on jax 0.10; older versions
+    default to none (collectives across processes then fail at run time), and a version that
+    drops the option has its own default, so a missing option is not an error."""
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except (AttributeError, KeyError, ValueError):  # the option is gone or renamed
+        pass
+
+
 def maybe_init_distributed(cfg: Mapping[str, Any] | None) -> bool:
     """Call `jax.distributed.initialize` when enabled; return whether it is initialised.
 
     cfg: a `config.mesh` section or a dict with `enabled` (or `distributed`) and optionally
-    coordinator_address, num_processes, process_id, local_device_ids. Missing ones are left to
-    jax's auto-detection (SLURM, TPU pods). Call before any other jax call that touches devices.
+    coordinator_address, num_processes, process_id, local_device_ids (see distributed_options
+    for unset values and environment fallbacks). Call before any other jax call that touches
+    devices.
     """
     if cfg is None:
         return False
@@ -208,6 +261,67 @@ def maybe_init_distributed(cfg: Mapping[str, Any] | None) -> bool:
         return False
     if jax.distributed.is_initialized():
         return True
-    kwargs = {k: cfg[k] for k in _MESH_CONFIG_KEYS[2:] if cfg.get(k) is not None}
+    kwargs = distributed_options(cfg)
+    _use_cpu_collectives()
     jax.distributed.initialize(**kwargs)
     return True
+
+
+# --------------------------------------------------------------------------------------------
+# several processes: host copies <-> global arrays
+
+
+def global_from_host(tree: Any, sharding: NamedSharding) -> Any:
+    """Global arrays from a host value that EVERY process holds in full (e.g. a mini-batch cut
+    from a batch all processes gathered): each process supplies the shards of its own devices.
+    Unlike `host_local_to_global` nothing is concatenated, so the global array equals the host
+    value on any process layout. One process: a device_put."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def one(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(one, tree)
+
+
+def fetch_global(tree: Any) -> Any:
+    """Host numpy of arrays that may have shards on other processes (then a collective: every
+    process must call it at the same point). Fully addressable or replicated arrays are read
+    locally."""
+    def local(x):
+        return not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated
+
+    if all(local(x) for x in jax.tree.leaves(tree)):
+        return jax.tree.map(np.asarray, tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's picklable `obj`, in process order (one list, the same on every process).
+
+    Two collectives: the byte sizes, then the bytes padded to the largest. Meant for rollout
+    results (numpy arrays, texts); see docs/TPU.md for what this costs on large batches.
+    """
+    import pickle
+
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    buf = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([buf.size], np.int64))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:buf.size] = buf
+    every = np.asarray(multihost_utils.process_allgather(padded))  # [processes, max size]
+    return [pickle.loads(every[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]
+
+
+def local_mesh(tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh over this process's own devices (fsdp takes what `tensor` leaves): where a process
+    samples its own rollouts without waiting on other hosts."""
+    return make_mesh({"data": 1, "fsdp": -1, "tensor": int(tensor)},
+                     devices=jax.local_devices() if devices is None else devices)
