@@ -1,11 +1,13 @@
 """Sampler throughput.
 
 CPU (default): ours vs transformers' PyTorch `generate` on the same tiny random model
-(strata_jax.models.tiny defaults), prompt 128, 64 new tokens, batch 8 / 32 / 128, both on one
-thread (torch.set_num_threads(1); XLA without its Eigen thread pool). Prints one line per batch
-with the ratio; the goal is >= 2x at batch 32.
+(strata_jax.models.tiny defaults), prompt 128, 64 new tokens, batch 8 / 32 / 128, in one process
+pinned to one core (sched_setaffinity before jax and torch start, so every thread of both shares
+that core; torch.set_num_threads(1), XLA without its Eigen thread pool). Prints one line per batch
+with the ratio (goal: >= 2x at batch 32) and our prefill / decode-step split.
 
-    python bench/sampler.py
+    python bench/sampler.py                # 1 core each (the goal's setting)
+    python bench/sampler.py --cores 2      # both on 2 cores (torch 2 threads, XLA its own pools)
 
 GPU (--gpu): a 0.5B-shaped random Qwen2 (Qwen2.5-0.5B config, no download) in bf16 with a bf16
 KV cache, batch 256, prompt 128, 128 new tokens. Prints prefill time, decode tokens/s, and the
@@ -28,12 +30,20 @@ ARGS.add_argument("--gpu", action="store_true", help="0.5B-shaped bf16 model, ba
 ARGS.add_argument("--smoke", action="store_true", help="with --gpu: tiny shapes, runs on the CPU")
 ARGS.add_argument("--batches", default="8,32,128", help="CPU mode: batch sizes")
 ARGS.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is reported)")
+ARGS.add_argument("--cores", type=int, default=1, help="CPU mode: cores the process is pinned to (torch threads)")
 OPTS = ARGS.parse_args()
 
 if not OPTS.gpu or OPTS.smoke:  # must be set before jax is imported
     os.environ["JAX_PLATFORMS"] = "cpu"
 if not OPTS.gpu:
-    os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    # Pin before jax / torch create their thread pools: both then size them to the pinned cores,
+    # and whatever threads they start share those cores, so neither side gets more CPU.
+    _allowed = sorted(os.sched_getaffinity(0))
+    if OPTS.cores > len(_allowed):
+        ARGS.error(f"--cores {OPTS.cores}: only {len(_allowed)} cores available")
+    os.sched_setaffinity(0, set(_allowed[:OPTS.cores]))
+    if OPTS.cores == 1:
+        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import jax  # noqa: E402
@@ -81,23 +91,27 @@ def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[in
 # ------------------------------------------------------------------------------------------ CPU
 
 
-def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats: int = 2) -> None:
+def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats: int = 2, cores: int = 1) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     from strata_jax.models.hf import load_hf_model
     from strata_jax.models.tiny import make_tiny_model
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(cores)
     with tempfile.TemporaryDirectory() as d:
         path = make_tiny_model(os.path.join(d, "tiny"))
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         (graphdef, params), cfg = load_hf_model(path, split=True)
-    print(f"model: tiny qwen2 L={cfg.num_layers} D={cfg.hidden_size} V={cfg.vocab_size}; prompt {prompt_len}, "
-          f"{new} new tokens, sampling T=1; torch 1 thread, XLA 1 thread")
     sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
                                               batch_buckets=tuple(batches), pad_id=0))
     sp = SamplingParams(temperature=1.0)
+    sampler.generate(params, _prompts(batches[0], prompt_len, cfg.vocab_size), sp, jax.random.key(0))  # XLA up
+    cpus = sorted(os.sched_getaffinity(0))
+    print(f"model: tiny qwen2 L={cfg.num_layers} D={cfg.hidden_size} V={cfg.vocab_size}; prompt {prompt_len}, "
+          f"{new} new tokens, sampling T=1; process pinned to {len(cpus)} core(s) {cpus}: torch "
+          f"{torch.get_num_threads()} thread(s), XLA's pools on the same core(s) "
+          f"({len(os.listdir('/proc/self/task'))} threads in the process); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     for b in batches:
         prompts = _prompts(b, prompt_len, cfg.vocab_size)
         sampler.generate(params, prompts, sp, jax.random.key(0))  # compile
@@ -116,8 +130,24 @@ def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats:
 
         (w_ours, c_ours), (w_hf, c_hf) = _best_pair(ours, hf_run, repeats)
         n = b * new
+        t_pre, t_dec = _prefill_decode(sampler, params, prompts, sp, repeats)
         print(f"sampler cpu batch={b:4d}: ours {n / w_ours:8.1f} tok/s  transformers {n / w_hf:8.1f} tok/s  "
-              f"ratio {w_hf / w_ours:5.2f}x wall, {c_hf / c_ours:5.2f}x cpu-time (best of {repeats})")
+              f"ratio {w_hf / w_ours:5.2f}x wall, {c_hf / c_ours:5.2f}x cpu-time (best of {repeats}); "
+              f"ours: prefill {t_pre * 1e3:.1f} ms, decode {t_dec * 1e3 / (new - 1):.2f} ms/step")
+
+
+def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, float]:
+    """Best wall seconds of our prefill and of our decode loop (its new - 1 steps) alone."""
+    args = sampler._prepare(prompts, sp, 1, None)
+    t_pre, t_dec = float("inf"), float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        state = jax.block_until_ready(sampler._prefill(params, *args))
+        t_pre = min(t_pre, time.perf_counter() - t)
+        t = time.perf_counter()
+        jax.block_until_ready(sampler._decode(params, state, args[1]))  # donates `state`
+        t_dec = min(t_dec, time.perf_counter() - t)
+    return t_pre, t_dec
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -175,4 +205,4 @@ if __name__ == "__main__":
     if OPTS.gpu:
         bench_gpu(OPTS.smoke, OPTS.repeats)
     else:
-        bench_cpu([int(b) for b in OPTS.batches.split(",")], repeats=OPTS.repeats)
+        bench_cpu([int(b) for b in OPTS.batches.split(",")], repeats=OPTS.repeats, cores=OPTS.cores)

@@ -151,9 +151,27 @@ def truncation_mask_sorted(sorted_logits: jax.Array, top_k: jax.Array, top_p: ja
     return keep_k & (mass_before < top_p[:, None])
 
 
+def argmax_last(x: jax.Array) -> jax.Array:
+    """jnp.argmax(x, axis=-1) for [B, V] (the first index of the maximum) as two plain reductions,
+    max then min-index. XLA-CPU runs argmax's (value, index) pair reduction as a slow scalar loop:
+    at the bench's batch 32, V = 512 the two argmaxes of a decode step (greedy and Gumbel) took
+    ~1 ms of a 3.6 ms step (bench/sampler.py, docs/BENCHMARKS.md)."""
+    v = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    # NaN rows (top NaN) match nowhere: clamp to a valid id instead of returning V.
+    return jnp.minimum(jnp.min(jnp.where(x == top, iota, v), axis=-1), v - 1)
+
+
+def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """jax.random.categorical(key, logits, axis=-1) for [B, V] (the same Gumbel noise, so the same
+    draws) with argmax_last in place of jnp.argmax. Returns [B] int32."""
+    return argmax_last(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
+
+
 def _sample_full(scaled, key, top_k, top_p):
     del top_k, top_p
-    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    return categorical(key, scaled)
 
 
 def _sample_truncated(scaled, key, top_k, top_p):
@@ -163,7 +181,7 @@ def _sample_truncated(scaled, key, top_k, top_p):
     neg_sorted, order = jax.lax.sort((-scaled, iota), dimension=1, num_keys=1)
     sorted_logits = -neg_sorted
     keep = truncation_mask_sorted(sorted_logits, top_k, top_p)
-    rank = jax.random.categorical(key, jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+    rank = categorical(key, jnp.where(keep, sorted_logits, -jnp.inf))
     return jnp.take_along_axis(order, rank[:, None], axis=1)[:, 0].astype(jnp.int32)
 
 
@@ -174,7 +192,7 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     The full-vocabulary sort that top-k / top-p need is skipped (`lax.cond`) when no sampled row
     asks for truncation, which is the usual RL setting (temperature 1, no truncation).
     """
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = argmax_last(logits)
     sampled_row = temperature > 0
     scaled = logits / jnp.where(sampled_row, temperature, 1.0)[:, None]
     truncate = jnp.any(sampled_row & ((top_k > 0) | (top_p < 1.0)))
@@ -335,7 +353,9 @@ class Sampler:
         cache = self._constrain_cache(cache)
         positions = jnp.maximum(jnp.cumsum(c.prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
         mask = jnp.concatenate([c.prompt_mask, jnp.zeros((b, n), jnp.bool_)], axis=1)  # [B, S]
-        hidden, cache = model(tokens, positions, mask, cache=cache, cache_index=jnp.int32(0))
+        # Static cache_index 0: attention over the Tp prompt slots only; last_only: the last layer
+        # and the norm run on the last position only (its logits are all the prefill needs).
+        hidden, cache = model(tokens, positions, mask, cache=cache, cache_index=0, last_only=True)
         cache = self._constrain_cache(cache)
         logits = _last_logits(hidden[:, -1], model.unembed_kernel())  # [B, V]
         rng, key = jax.random.split(rng)
@@ -412,16 +432,18 @@ class Sampler:
         return put(tokens, True), consts
 
     def _constrain_cache(self, cache):
-        """KV cache leaves [L, B, S, KVH, Dh]: batch over the data axes, kv heads over `tensor`
-        (each only where it divides; see sharding.logical_to_spec)."""
+        """KV cache leaves [B, KVH, S, Dh] per layer (or [L, B, KVH, S, Dh] stacked): batch over the
+        data axes, kv heads over `tensor` (each only where it divides; see sharding.logical_to_spec)."""
         if self.mesh is None:
             return cache
 
         def constrain(x):
-            if x.ndim != 5:
+            axes = ("batch", "kv_heads", None, "head_dim")
+            if x.ndim == 5:
+                axes = ("layers",) + axes
+            elif x.ndim != 4:
                 return x
-            spec = sharding.logical_to_spec(("layers", "batch", None, "kv_heads", "head_dim"),
-                                            mesh=self.mesh, shape=x.shape)
+            spec = sharding.logical_to_spec(axes, mesh=self.mesh, shape=x.shape)
             return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
         return jax.tree.map(constrain, cache)

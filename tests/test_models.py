@@ -170,18 +170,20 @@ def test_cached_decode_equals_full_forward(hf_models, name, scan, chunk):
     tokens, pos, mask = _batch(seed=1)
     full = _logits(model, tokens, pos, mask)
     dec, cache = _decode_logits(model, tokens, pos, mask, prefill_len=11, chunk=chunk, capacity=24)
-    assert cache.k.shape == (cfg.num_layers, 3, 24, cfg.num_kv_heads, cfg.head_dim)
+    assert cache.shape == (cfg.num_layers, 3, cfg.num_kv_heads, 24, cfg.head_dim)  # [L, B, K, S, Dh]
+    assert isinstance(cache.k, tuple) != scan  # one buffer per layer unless scan_layers stacks them
     assert np.abs(dec - full)[mask].max() <= 1e-4
     # Slots past the last written one stay untouched (zero).
-    assert not np.asarray(cache.k[:, :, 20:]).any()
+    assert not np.asarray(cache.stacked()[0][:, :, :, 20:]).any()
 
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_cached_step_updates_the_cache_in_place(scan):
     """Compiled one-token step with a donated cache: the new rows go in by dynamic-update-slice and
-    no instruction copies the whole [L, B, S, K, Dh] cache (a layer that read its slice of the old
-    cache after the write used to cost two full-cache copies per layer per step). Structural check
-    of the HLO only; speed is measured in bench/sampler.py."""
+    no instruction copies a whole cache buffer (a layer that read its slice of the old cache after
+    the write used to cost two full-cache copies per layer per step), nor, with one buffer per
+    layer, a layer's K / V (a slice of a stacked buffer or a transposed read cost one copy each).
+    Structural check of the HLO only; speed is measured in bench/sampler.py."""
     cfg = ModelConfig.from_hf({**BASE, "model_type": "qwen2"}, scan_layers=scan)
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -192,10 +194,14 @@ def test_cached_step_updates_the_cache_in_place(scan):
     tok = jax.ShapeDtypeStruct((b, 1), jnp.int32)
     hlo = step.lower(params, cache, tok, tok, jax.ShapeDtypeStruct((b, s), jnp.bool_),
                      jax.ShapeDtypeStruct((), jnp.int32)).compile().as_text()
-    shape = re.escape(f"f32[{cfg.num_layers},{b},{s},{cfg.num_kv_heads},{cfg.head_dim}]")
+    layer = (b, cfg.num_kv_heads, s, cfg.head_dim)  # [B, K, S, Dh]
+    shape = re.escape("f32[" + ",".join(map(str, (cfg.num_layers,) * scan + layer)) + "]")
     producers = re.findall(r"= " + shape + r"\{[\d,]*\} (\S+)\(", hlo)
     assert any("dynamic-update-slice" in line for line in re.findall(r".*= " + shape + r".*", hlo)), producers
     assert "copy" not in producers, f"full-cache copies in the compiled step: {producers}"
+    if not scan:  # one buffer per layer: the attention dots read it as is; its only writes are the DUS
+        fusions = re.findall(r"%(\S+) = " + shape + r"\{[\d,]*\} fusion\(", hlo)
+        assert fusions and all("dynamic-update-slice" in f for f in fusions), fusions
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from strata_jax.sampling import (
-    FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig, pick_bucket, power_of_two_buckets,
-    sample_tokens, stop_sequence_hit,
+    FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig, argmax_last, categorical, pick_bucket,
+    power_of_two_buckets, sample_tokens, stop_sequence_hit,
 )
 
 
@@ -118,6 +118,20 @@ def test_same_key_same_tokens():
     assert not np.array_equal(a, c)
 
 
+def test_argmax_and_categorical_equal_jax():
+    """The two-reduction argmax (first maximum on ties, -inf rows) and the categorical built on it
+    draw exactly what jnp.argmax / jax.random.categorical draw."""
+    x = np.random.default_rng(3).normal(size=(64, 300)).astype(np.float32)
+    x[1, [5, 9]] = 10.0  # a tie: the first index wins
+    x[2] = -np.inf
+    x[3, :7] = -np.inf
+    np.testing.assert_array_equal(np.asarray(argmax_last(jnp.asarray(x))), np.argmax(x, -1))
+    for seed in range(3):
+        key = jax.random.key(seed)
+        np.testing.assert_array_equal(np.asarray(categorical(key, jnp.asarray(x))),
+                                      np.asarray(jax.random.categorical(key, jnp.asarray(x), axis=-1)))
+
+
 def test_stop_sequence_hit():
     w = 4
     stops = np.full((3, w), -1, np.int32)
@@ -196,14 +210,15 @@ def _expected_end(gen, eos, stops):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The model, prompts, HF greedy references, and one sampler whose EOS id is taken from them."""
-    hf, graphdef, params = _tiny_hf(tmp_path_factory.mktemp("tiny") / "m")
+    path = tmp_path_factory.mktemp("tiny") / "m"
+    hf, graphdef, params = _tiny_hf(path)
     rng = np.random.default_rng(0)
     prompts = [[int(x) for x in rng.integers(1, 97, size=n)] for n in PROMPT_LENS]
     free = _hf_greedy(hf, prompts)
     eos = int(free[1, 3])  # a token row 1 emits early: row 1 ends on EOS, the others (checked) do not
     cfg = SamplerConfig(max_new_tokens=N_NEW, prompt_buckets=(16, 32), batch_buckets=(4,), eos_ids=(eos,),
                         pad_id=0, return_embedding=True, max_stop_sequences=3, max_stop_len=4)
-    return dict(hf=hf, graphdef=graphdef, params=params, prompts=prompts, free=free, eos=eos,
+    return dict(hf=hf, path=path, graphdef=graphdef, params=params, prompts=prompts, free=free, eos=eos,
                 ref=_hf_greedy(hf, prompts, eos=eos), sampler=Sampler(graphdef, cfg))
 
 
@@ -300,6 +315,21 @@ def test_eight_devices_same_greedy_tokens(tiny):
     toks, mask, _ = _full_rows(tiny["prompts"], out)  # the sharded, bucketed Sampler.score as well
     np.testing.assert_allclose(s8.score(params, toks, mask), score(tiny["graphdef"], tiny["params"], toks, mask),
                                atol=1e-5)
+
+
+def test_scan_layers_same_as_unrolled(tiny):
+    """scan_layers: a stacked [L, B, K, S, Dh] cache, and a prefill whose last layer runs outside the
+    scan (last_only). Same greedy tokens as transformers, same draws and log-probs as unrolled."""
+    (graphdef, params), _ = load_hf_model(tiny["path"], split=True, scan_layers=True)
+    s = Sampler(graphdef, tiny["sampler"].config)
+    greedy = s.generate(params, tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
+    np.testing.assert_array_equal(greedy.tokens, tiny["ref"])
+    sp = SamplingParams(temperature=1.0)
+    out = s.generate(params, tiny["prompts"], sp, jax.random.key(3))
+    ref = tiny["sampler"].generate(tiny["params"], tiny["prompts"], sp, jax.random.key(3))
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+    np.testing.assert_allclose(out.embedding, ref.embedding, atol=1e-5)
 
 
 def test_bf16_cache_close_to_f32(tiny):

@@ -14,8 +14,9 @@ Under a `jax.set_mesh(mesh)` context the decoder also adds a few sharding constr
 and output kernel gathered over the hidden dim, embedded activations split over the batch axes;
 see `_context_mesh`); without a mesh context it adds none.
 
-KV cache: each layer writes its new rows into the full [L, B, S, K, Dh] cache first and then reads
-its layer back from the updated cache (`Attention`), so a donated cache is updated in place.
+KV cache (`KVCache`): one [B, K, S, Dh] buffer per layer (stacked [L, B, K, S, Dh] under scan_layers).
+Each layer writes its new slots into its cache first and then reads it back from the updated cache
+(`Attention`), so a donated cache is updated in place.
 """
 
 from __future__ import annotations
@@ -299,56 +300,88 @@ class Attention(nnx.Module):
         self.v_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
         self.o_proj = Dense((h, dh), (d,), ("heads", "head_dim"), ("embed",), cfg.o_bias, cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index):
-        """x [B, T, D]; mask [B, T, S'] bool; ks, vs the full caches [L, B, S, K, Dh] or None.
+    def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index, last_only: bool = False):
+        """x [B, T, D]; mask [B, T, S'] bool; ks, vs this layer's caches [B, K, S, Dh] (layer None),
+        the stacked caches [L, B, K, S, Dh] of scan_layers (layer a traced int32), or None.
 
-        With a cache, this layer's new keys / values are written into rows
-        [cache_index, cache_index + T) of layer `layer` (a static int, or a traced int32 under
-        scan) *before* attention, and attention reads the layer back from the updated cache.
-        Nothing then reads the old cache after the write, so XLA updates it in place (a
-        T-row dynamic-update-slice per layer); reading the layer from the old cache instead keeps
-        the old buffer alive past the write and costs a copy of the whole [L, B, S, K, Dh] cache
-        for K and for V on every layer of every decode step.
+        With a cache, this layer's new keys / values are written into slots
+        [cache_index, cache_index + T) *before* attention, and attention reads the layer back from
+        the updated cache. Nothing then reads the old cache after the write, so XLA updates it in
+        place (a T-slot dynamic-update-slice); reading the old cache instead keeps the old buffer
+        alive past the write and costs a copy of the whole cache for K and for V on every layer of
+        every decode step.
+
+        The layout [B, K, S, Dh] is the one the attention dots consume (batch b, k; the slots next
+        to the head dim), and the unrolled model keeps one buffer per layer, so a decode step feeds
+        its cache to the dots as is. A [B, S, K, Dh] layout cost XLA-CPU a transposing copy of the
+        layer's K and V every step, and a slice of a stacked [L, ...] buffer a plain copy (XLA has
+        no views); under scan_layers that slice copy remains.
+
+        cache_index a static 0 (a prefill): every earlier slot is empty, so attention runs over
+        the T fresh keys / values (rounded to the cache dtype, exactly what a later step reads)
+        instead of all S slots.
+
+        last_only: queries only for the last position (the caller needs nothing else from the
+        last layer); keys and values still cover all T tokens. Output [B, 1, D].
 
         Returns (out [B, T, D], ks, vs): the updated caches, or None without a cache.
         """
         cfg = self.cfg
-        q = apply_rope(self.q_proj(x), cos, sin)  # [B, T, H, Dh]
-        k = apply_rope(self.k_proj(x), cos, sin)  # [B, T, K, Dh]
-        v = self.v_proj(x)  # [B, T, K, Dh]
+        dtype = cfg.compute_dtype
+        if last_only:
+            q = apply_rope(self.q_proj(x[:, -1:]), cos[:, -1:], sin[:, -1:])  # [B, 1, H, Dh]
+            mask = mask[:, -1:]
+        else:
+            q = apply_rope(self.q_proj(x), cos, sin)  # [B, T, H, Dh]
+        k = apply_rope(self.k_proj(x), cos, sin).transpose(0, 2, 1, 3)  # [B, K, T, Dh]
+        v = self.v_proj(x).transpose(0, 2, 1, 3)  # [B, K, T, Dh]
         if ks is not None:
             ks = _write_layer(ks, k, layer, cache_index)
             vs = _write_layer(vs, v, layer, cache_index)
-            k = _read_layer(ks, layer).astype(cfg.compute_dtype)  # [B, S, K, Dh]
-            v = _read_layer(vs, layer).astype(cfg.compute_dtype)
+            if _is_static_zero(cache_index):
+                k = k.astype(ks.dtype).astype(dtype)
+                v = v.astype(vs.dtype).astype(dtype)
+                mask = mask[..., : k.shape[2]]
+            else:
+                k = _read_layer(ks, layer).astype(dtype)  # [B, K, S, Dh]
+                v = _read_layer(vs, layer).astype(dtype)
         b, t, _, dh = q.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, dh)  # head h = kv_head * G + g, as HF repeat_kv
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        # Output dims in dot_general order (batch b, k; then t, g; then s): no transposes.
+        scores = jnp.einsum("btkgd,bksd->bktgs", q, k, preferred_element_type=jnp.float32)
         scores = scores / np.float32(math.sqrt(dh))
-        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, dh)
+        scores = jnp.where(mask[:, None, :, None, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+        out = jnp.einsum("bktgs,bksd->bktgd", probs, v)  # [B, K, T, G, Dh]
+        out = out.transpose(0, 2, 1, 3, 4).reshape(b, t, cfg.num_heads, dh)
         return self.o_proj(out), ks, vs
 
 
+def _is_static_zero(cache_index) -> bool:
+    return isinstance(cache_index, (int, np.integer)) and int(cache_index) == 0
+
+
 def _write_layer(cache, new, layer, cache_index):
-    """cache [L, B, S, K, Dh] with new [B, T, K, Dh] written at layer `layer`, rows [cache_index, +T)."""
+    """new [B, K, T, Dh] written at slots [cache_index, +T) of cache [B, K, S, Dh] (layer None) or of
+    layer `layer` of the stacked cache [L, B, K, S, Dh]."""
+    if layer is None:
+        return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), _cache_start(cache_index))
     start = (jnp.asarray(layer, jnp.int32), *_cache_start(cache_index))
     return jax.lax.dynamic_update_slice(cache, new[None].astype(cache.dtype), start)
 
 
 def _read_layer(cache, layer):
-    """[L, B, S, K, Dh] -> [B, S, K, Dh] (a static slice for a Python int, else a dynamic one)."""
-    if isinstance(layer, (int, np.integer)):
-        return cache[layer]
+    """[B, K, S, Dh]: the cache itself (layer None) or layer `layer` of the stacked cache."""
+    if layer is None:
+        return cache
     return jax.lax.dynamic_index_in_dim(cache, layer, axis=0, keepdims=False)
 
 
 def _cache_start(cache_index):
-    """Start indices (batch, slot, kv head, head dim) of the new rows in one layer's cache."""
+    """Start indices (batch, kv head, slot, head dim) of the new slots in one layer's cache."""
     zero = jnp.zeros((), jnp.int32)
-    return (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+    return (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
 
 
 class MLP(nnx.Module):
@@ -369,9 +402,13 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index):
-        """x [B, T, D]; full caches ks, vs or None -> (x [B, T, D], ks, vs) (see Attention)."""
-        a, ks, vs = self.self_attn(self.input_layernorm(x), cos, sin, mask, ks, vs, layer, cache_index)
+    def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index, last_only: bool = False):
+        """x [B, T, D]; this layer's caches ks, vs or None -> (x [B, T, D], ks, vs) (see Attention).
+
+        last_only: the output covers the last position only, [B, 1, D] (see Attention)."""
+        a, ks, vs = self.self_attn(self.input_layernorm(x), cos, sin, mask, ks, vs, layer, cache_index, last_only)
+        if last_only:
+            x = x[:, -1:]
         x = x + a
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, ks, vs
@@ -383,12 +420,32 @@ class Block(nnx.Module):
 
 @struct.dataclass
 class KVCache:
-    k: jax.Array  # [L, B, S, K, Dh]
-    v: jax.Array  # [L, B, S, K, Dh]
+    """Keys and values: L arrays [B, K, S, Dh] (a tuple, one buffer per layer), or under
+    scan_layers one stacked [L, B, K, S, Dh] array each (the scan carries it)."""
+
+    k: Any
+    v: Any
+
+    @property
+    def shape(self) -> tuple:
+        """(L, B, K, S, Dh) whichever the storage."""
+        return cache_shape(self.k)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.shape[3]
+
+    def stacked(self) -> tuple[jax.Array, jax.Array]:
+        """(k, v) as [L, B, K, S, Dh] arrays (stacks per-layer buffers: a copy, for inspection)."""
+        stack = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
+        return stack(self.k), stack(self.v)
+
+
+def cache_shape(x) -> tuple:
+    """(L, B, K, S, Dh) of a stacked cache array or of a tuple of per-layer [B, K, S, Dh] arrays."""
+    if isinstance(x, (tuple, list)):
+        return (len(x), *x[0].shape)
+    return tuple(x.shape)
 
 
 class Embed(nnx.Module):
@@ -435,19 +492,23 @@ class Decoder(nnx.Module):
     # -- public API ----------------------------------------------------------------------------
 
     def __call__(self, tokens, positions, attention_mask, cache: KVCache | None = None,
-                 cache_index=None) -> tuple[jax.Array, KVCache | None]:
+                 cache_index=None, last_only: bool = False) -> tuple[jax.Array, KVCache | None]:
         """tokens, positions [B, T] int; attention_mask [B, T] (no cache) or [B, S] (cache).
+
+        cache_index: a traced int32 scalar, or a Python int (static; 0 lets a prefill attend over
+        its T fresh tokens only, see Attention). last_only: the last layer computes the last
+        position only (a prefill that needs just the next-token logits), hidden is [B, 1, D].
 
         Returns (hidden [B, T, D] after the final norm, updated cache or None).
         """
-        _check_inputs(tokens, positions, attention_mask, cache, cache_index)
         cfg = self.cfg
+        _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index)
         x = _constrain_batch(self.embed_tokens(tokens))  # [B, T, D]
         cos, sin = rope_cos_sin(positions, rope_inv_freq(cfg))  # [B, T, Dh]
         mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
         ks = cache.k if cache is not None else None
         vs = cache.v if cache is not None else None
-        x, ks, vs = self._run_layers(x, cos, sin, mask, ks, vs, cache_index)
+        x, ks, vs = self._run_layers(x, cos, sin, mask, ks, vs, cache_index, bool(last_only))
         hidden = self.norm(x)
         return hidden, (KVCache(k=ks, v=vs) if cache is not None else None)
 
@@ -462,46 +523,65 @@ class Decoder(nnx.Module):
                           self.unembed_kernel().astype(jnp.float32))
 
     def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
-        """Zeroed cache for `batch` rows and `capacity` slots, in `dtype` (default: compute dtype)."""
+        """Zeroed cache for `batch` rows and `capacity` slots, in `dtype` (default: compute dtype):
+        per-layer [B, K, S, Dh] tuples, or stacked [L, B, K, S, Dh] arrays under scan_layers."""
         cfg = self.cfg
-        shape = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, capacity, cfg.head_dim)
         dt = jnp.dtype(dtype) if dtype is not None else cfg.compute_dtype
-        return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt))
+        if cfg.scan_layers:
+            shape = (cfg.num_layers, *shape)
+            return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt))
+        return KVCache(k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+                       v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)))
 
     # -- layers --------------------------------------------------------------------------------
 
-    def _run_layers(self, x, cos, sin, mask, ks, vs, cache_index):
-        """x [B, T, D]; ks, vs [L, B, S, K, Dh] or None. Returns (x, ks, vs).
+    def _run_layers(self, x, cos, sin, mask, ks, vs, cache_index, last_only: bool = False):
+        """x [B, T, D]; ks, vs per-layer tuples / stacked arrays (see KVCache) or None.
+        Returns (x, ks, vs).
 
-        Each layer writes its T new rows into the full cache and reads its own layer back from
-        the result (Attention), so the cache is threaded layer to layer and updated in place.
+        Each layer writes its T new slots into its cache and reads it back from the result
+        (Attention), so every buffer is updated in place (under scan the stacked cache rides in
+        the carry, threaded layer to layer).
+        last_only: the last layer runs its queries, o_proj and MLP on the last position only.
         """
         cfg = self.cfg
 
-        def apply(graphdef, state, x, ks, vs, layer):
-            return nnx.merge(graphdef, state)(x, cos, sin, mask, ks, vs, layer, cache_index)
+        def apply(graphdef, state, x, ks, vs, layer, last):
+            return nnx.merge(graphdef, state)(x, cos, sin, mask, ks, vs, layer, cache_index, last)
 
         if cfg.scan_layers:
             if cfg.remat:
-                apply = jax.checkpoint(apply, static_argnums=(0,))
+                apply = jax.checkpoint(apply, static_argnums=(0, 6))
             graphdef, state = nnx.split(self.layers)
+            if last_only:  # the last layer runs outside the scan, on its own slice of the stack
+                state, last_state = jax.tree.map(lambda a: a[:-1], state), jax.tree.map(lambda a: a[-1], state)
 
             def body(carry, st):
                 h, ks, vs, i = carry
-                h, ks, vs = apply(graphdef, st, h, ks, vs, i)
+                h, ks, vs = apply(graphdef, st, h, ks, vs, i, False)
                 return (h, ks, vs, i + 1), None
 
             # The cache rides in the carry (not xs/ys): each layer updates the carried buffer in
-            # place, writing only its T new rows.
-            (x, ks, vs, _), _ = jax.lax.scan(body, (x, ks, vs, jnp.zeros((), jnp.int32)), state)
+            # place, writing only its T new slots.
+            (x, ks, vs, i), _ = jax.lax.scan(body, (x, ks, vs, jnp.zeros((), jnp.int32)), state)
+            if last_only:
+                x, ks, vs = apply(graphdef, last_state, x, ks, vs, i, True)
             return x, ks, vs
 
         if cfg.remat:
-            apply = jax.checkpoint(apply, static_argnums=(0, 5))
+            apply = jax.checkpoint(apply, static_argnums=(0, 5, 6))
+        n = len(self.layers)
+        new_ks, new_vs = [], []
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            x, ks, vs = apply(graphdef, state, x, ks, vs, i)
-        return x, ks, vs
+            k, v = (None, None) if ks is None else (ks[i], vs[i])
+            x, k, v = apply(graphdef, state, x, k, v, None, last_only and i == n - 1)
+            new_ks.append(k)
+            new_vs.append(v)
+        if ks is None:
+            return x, None, None
+        return x, tuple(new_ks), tuple(new_vs)
 
 
 # Sharding under a mesh context. These constraints are active only under `jax.set_mesh(mesh)` (an
@@ -556,7 +636,7 @@ def _constrain_batch(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, P(tuple(axes), *([None] * (x.ndim - 1))))
 
 
-def _check_inputs(tokens, positions, attention_mask, cache, cache_index):
+def _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index):
     if tokens.ndim != 2:
         raise ValueError(f"tokens: expected [B, T], got shape {tokens.shape}")
     if positions.shape != tokens.shape:
@@ -568,14 +648,18 @@ def _check_inputs(tokens, positions, attention_mask, cache, cache_index):
         if cache_index is not None:
             raise ValueError("cache_index given without a cache")
     else:
-        s = cache.k.shape[2]
+        n_layers, cache_b, _, s, _ = cache_shape(cache.k)
+        if isinstance(cache.k, (tuple, list)) == cfg.scan_layers or n_layers != cfg.num_layers:
+            want = "one stacked [L, B, K, S, Dh] array" if cfg.scan_layers else "a tuple of L [B, K, S, Dh] arrays"
+            raise ValueError(f"cache: expected {want} with L={cfg.num_layers} per K and V (Decoder.init_cache), "
+                             f"got a {type(cache.k).__name__} with L={n_layers}")
         if attention_mask.shape != (b, s):
             raise ValueError(f"attention_mask: expected [B, S]={(b, s)} with a cache of capacity {s}, "
                              f"got {attention_mask.shape}")
         if cache_index is None:
             raise ValueError("a cache needs cache_index (the slot of the first new token)")
-        if cache.k.shape[1] != b:
-            raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}")
+        if cache_b != b:
+            raise ValueError(f"cache batch {cache_b} != tokens batch {b}")
 
 
 def _attention_mask(attention_mask, t: int, cache_index) -> jax.Array:
