@@ -177,6 +177,18 @@ def stack_batches(batches: list) -> Any:
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *batches)
 
 
+def copy_step(step_fn):
+    """One copy's step `(state, batch, lam, active) -> (state, metrics)` from train.train_step_fn,
+    to vmap over [K]: a copy past the end of its epoch (active False) keeps its state exactly, step
+    counter and rng too, as its separate run makes no such step."""
+
+    def one(state, batch, lam, active):
+        new, metrics = step_fn(state, batch, lam)
+        return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, state), metrics
+
+    return one
+
+
 # --------------------------------------------------------------------------------------------
 # the population
 
@@ -257,16 +269,9 @@ class Population:
         step_fn = train_step_fn(run.graphdef, run.optimizer, loss_config(_loss_dict(t)), run.mesh,
                                 micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
                                 logprob_window=run.window)
-
-        def one(state, batch, lam, active):
-            new, metrics = step_fn(state, batch, lam)
-            # A copy past the end of its epoch keeps its state exactly (step counter and rng too),
-            # as its separate run, which makes no such step.
-            return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, state), metrics
-
         repl = replicated(run.mesh)
         batch_sh = NamedSharding(run.mesh, PartitionSpec(None, ("data", "fsdp")))  # [K, S, ...]: rows split
-        return jax.jit(jax.vmap(one), in_shardings=(self.state_sh, batch_sh, repl, repl),
+        return jax.jit(jax.vmap(copy_step(step_fn)), in_shardings=(self.state_sh, batch_sh, repl, repl),
                        out_shardings=(self.state_sh, repl), donate_argnums=(0,))
 
     def copy_params(self, k: int):
