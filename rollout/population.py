@@ -45,9 +45,9 @@ from tqdm.auto import tqdm
 from rollout import report
 from rollout.ablate import SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
-from rollout.trainer import (Run, _diag_row, _gather, _loss_dict, _save_batch, _score_rows, check_window,
-                             eval_tasks, make_envs, num_tasks, rollout_config, run_evals, task_types_of,
-                             train_tasks, trim_rows)
+from rollout.trainer import (Run, _diag_row, _gather, _loss_dict, _save_batch, _score_rows, advantage_params,
+                             check_window, eval_tasks, make_envs, num_tasks, rollout_config, run_evals,
+                             task_types_of, train_tasks, trim_rows)
 from strata_jax.advantages import compute_advantages
 from strata_jax.batch import TokenBatch
 from strata_jax.checkpoint import Checkpointer
@@ -203,7 +203,7 @@ class Population:
         self.grid = parse_train_grid(specs)
         self.workdir = pathlib.Path(workdir)
         self.config = config
-        self.points, self.adv_params = grid_points(self._base_params(config), self.grid)
+        self.points, self.adv_params = grid_points(advantage_params(config), self.grid)
         self.labels = [copy_label(p) for p in self.points]
         self.configs = copy_configs(config, self.points)
         self.k = len(self.points)
@@ -234,19 +234,13 @@ class Population:
         if restored is not None:
             self.state, extra = restored
             if extra.get("labels") != self.labels:
-                raise ValueError(f"population checkpoint in {self.ckpt.directory} is of the grid {extra.get('labels')}, "
-                                 f"not {self.labels}")
+                raise ValueError(f"population checkpoint in {self.ckpt.directory} is of the grid "
+                                 f"{extra.get('labels')}, not {self.labels}")
             self.start_iteration = int(extra["iteration"]) + 1
         # lam_strategy weights the strategy rows in the loss too: each copy passes its own.
         self.lam = np.asarray([float(c.algo.lam_strategy) for c in self.configs], np.float32)  # [K]
         self._adv = jax.jit(jax.vmap(self._adv_one, in_axes=(0, 0)))
         self._step = self._build_step()
-
-    @staticmethod
-    def _base_params(config):
-        from rollout.trainer import advantage_params
-
-        return advantage_params(config)
 
     def _check_grid_file(self) -> None:
         path = self.workdir / "population.json"
@@ -311,7 +305,7 @@ class Population:
 
     def iteration(self, envs, iteration: int, n_train: int | None, status=None) -> tuple[list[dict], list]:
         """One population iteration -> (one metrics row per copy, the copies' rollout results)."""
-        c, k_all = self.config, range(self.k)
+        k_all = range(self.k)
         t0 = time.perf_counter()
         outs = []
         for k in k_all:

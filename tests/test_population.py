@@ -49,7 +49,8 @@ def small_config(**algo):
     s.prompt_buckets, s.batch_buckets = (512,), (16,)
     c.log.progress, c.log.plots_every = False, 0
     m = c.model
-    m.tiny_hidden, m.tiny_layers, m.tiny_heads, m.tiny_kv_heads, m.tiny_intermediate, m.tiny_vocab = 32, 1, 2, 1, 64, 1024
+    m.tiny_hidden, m.tiny_layers, m.tiny_intermediate, m.tiny_vocab = 32, 1, 64, 1024
+    m.tiny_heads, m.tiny_kv_heads = 2, 1
     c.sft.steps = 0  # a random model: every task fails, which is all the equality needs
     c.iterations = ITERATIONS
     for k, v in algo.items():
