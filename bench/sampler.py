@@ -98,11 +98,11 @@ def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats:
     from strata_jax.models.hf import load_hf_model
     from strata_jax.models.tiny import make_tiny_model
 
-    torch.set_num_threads(cores)
     with tempfile.TemporaryDirectory() as d:
         path = make_tiny_model(os.path.join(d, "tiny"))
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         (graphdef, params), cfg = load_hf_model(path, split=True)
+    torch.set_num_threads(cores)  # after make_tiny_model, which sets 1 thread
     sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
                                               batch_buckets=tuple(batches), pad_id=0))
     sp = SamplingParams(temperature=1.0)
