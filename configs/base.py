@@ -25,6 +25,7 @@ CHOICES = {
     "sampling.kv_dtype": ("float32", "bfloat16"),
     "train.aggregation": ("token_mean", "seq_mean_token_mean"),
     "train.schedule": ("constant", "warmup_cosine"),
+    "sft.styles": ("own", "both"),
 }
 
 
@@ -72,6 +73,7 @@ def base_config() -> mlc.ConfigDict:
     e.horizon_max = 12
     e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
     e.distractors = 6  # household: unrelated objects placed around the room
+    e.reveal_objects = False  # household: the first observation says where the task's objects are
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
     e.cache_dir = ""  # alfworld: translated-game cache shared by workers and runs ("" = in memory only)
     e.split = "train"
@@ -135,6 +137,7 @@ def base_config() -> mlc.ConfigDict:
     f.batch_rows = 32
     f.demos = ""  # JSONL of demonstrations (ALFWorld); household uses its expert solver
     f.num_tasks = 256
+    f.styles = "own"  # household demos in this run's prompt style, or "both" (strategy + flat prompts)
     f.judge_share = 1.0  # household: share of the demo tasks whose self-judgment is a demo row too
 
     # --- evaluation, checkpoints, logging, mesh -------------------------------------------------
@@ -219,6 +222,8 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         raise ConfigError(
             f"config.algo.judgment=True is only wired for strata / strata+beacon, not {c.algo.name!r}: "
             "set --config.algo.judgment=False")
+    if c.env.reveal_objects and c.env.name != "household":
+        raise ConfigError(f"config.env.reveal_objects=True is only wired for env.name='household', not {c.env.name!r}")
     if c.algo.judge_train:
         raise ConfigError("config.algo.judge_train=True is not wired yet: judgment tokens cannot be trained")
     if c.algo.name.startswith("strata") is False and c.algo.revise_every:

@@ -79,7 +79,8 @@ def household_kwargs(config: Any) -> dict:
     """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
     e = config.env
     return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
-            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors)}
+            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors),
+            "reveal_objects": bool(e.reveal_objects)}
 
 
 def demo_rollout_config(config: Any) -> RolloutConfig:
@@ -117,6 +118,18 @@ def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
     format learnt from a few rows; long judge prompts would otherwise cost a sixth of SFT)."""
     if not 0.0 <= judge_share <= 1.0:
         raise ValueError(f"judge_share={judge_share} must be in [0, 1]")
+    styles = str(config.sft.styles)
+    if styles == "both":
+        # One checkpoint that starts every algorithm (the learning study's shared SFT): the
+        # strategy-conditioned rows of StraTA plus the flat step prompts of GRPO / GiGPO / BEACON.
+        import copy
+
+        strata, flat = copy.deepcopy(config), copy.deepcopy(config)
+        strata.algo.name, strata.algo.judgment, strata.sft.styles = "strata", True, "own"
+        flat.algo.name, flat.algo.judgment, flat.sft.styles = "grpo", False, "own"
+        return sft_rows(strata, tokenizer, tasks, judge_share) + sft_rows(flat, tokenizer, tasks, judge_share)
+    if styles != "own":
+        raise ValueError(f"config.sft.styles={styles!r}: choose 'own' or 'both'")
     kw = household_kwargs(config)
     policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw))
     cfg = demo_rollout_config(config)

@@ -316,7 +316,7 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, max_steps: int = 30, horizon: tuple[int, int] = (2, 12),
                  task_types: tuple[str, ...] | None = None, n_extra_receptacles: int = 4,
-                 n_distractors: int = 6):
+                 n_distractors: int = 6, reveal_objects: bool = False):
         super().__init__(max_steps)
         lo, hi = (int(horizon), int(horizon)) if isinstance(horizon, int) else map(int, horizon)
         if not 1 <= lo <= hi:
@@ -330,6 +330,10 @@ class HouseholdEnv(TextEnv):
         _sample_task(random.Random(0), lo, hi, types)  # fail now if the range is empty
         self.horizon, self.task_types = (lo, hi), types
         self.n_extra, self.n_distractors = int(n_extra_receptacles), int(n_distractors)
+        # The first observation also says where the task's objects are. ALFWorld does not: its
+        # agents search. Revealing them turns the search into planning, which a model small enough
+        # to train on a CPU in minutes can learn from the observation (the embedded default).
+        self.reveal_objects = bool(reveal_objects)
         self.task: Task | None = None
         self.world: World | None = None
         self._seed_rng = random.Random()
@@ -393,8 +397,15 @@ class HouseholdEnv(TextEnv):
         where = ("You are in the middle of a room." if w.at is None
                  else f"You are at loc {w.loc[w.at]}, in front of the {w.at}.")
         carry = f" You are carrying a {w.held}." if w.held else ""
+        seen = ""
+        if self.reveal_objects:
+            objs = sorted(o for o, r in w.where.items() if r is not None and _otype(o) == self.task.obj_type)
+            seen = "".join(f" The {o} is {'in' if w.where[o] in w.openable else 'on'} the {w.where[o]}."
+                           for o in objs)
+            if self.task.task_type == "look_at_obj_in_light":
+                seen += f" The desklamp 1 is on the {w.lamp_host}."
         return (f"{WELCOME}{where} Looking quickly around you, you see {_listing(names)}."
-                f"{carry}\n\nYour task is to: {self.task.goal}")
+                f"{seen}{carry}\n\nYour task is to: {self.task.goal}")
 
     def _visible(self, r: str) -> list[str]:
         w = self.world

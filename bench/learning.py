@@ -1,0 +1,236 @@
+"""The horizon study: GRPO, GiGPO, StraTA, BEACON and StraTA+BEACON from one SFT checkpoint.
+
+Every run starts from the same tiny model, warm-started once by SFT on expert demonstrations in
+both prompt styles (`sft.styles = "both"`: strategy-conditioned rows for StraTA, flat rows for the
+others), and trains for the same number of iterations on the same trajectories per iteration
+(StraTA P x N x M = flat P x G), on household tasks with L* from `--horizon` (default 2..8, the
+embedded default's range; the household world spans 2..12). Held-out success is measured before
+training (iteration 0: the SFT start) and every `--eval-every` iterations, overall and per horizon
+bucket (short L* <= 4, medium 5..7, long >= 8).
+
+    python bench/learning.py --out runs/learning [--seeds 0,1,2] [--iterations 10]
+        [--algos grpo,gigpo,strata,beacon,strata_beacon] [--sft-steps 600] [--horizon 2,8]
+
+Runs one after another in this process (programs compile once and are reused across runs). A
+finished run (its metrics.jsonl reaches the last iteration) is skipped, so an interrupted study
+continues where it stopped. Writes under --out: one workdir per run (metrics, plots, batches),
+`results.json` (every figure per run), `results.md` (the table docs/RESULTS.md quotes),
+`eval_success.png` (held-out success per iteration, mean and spread over seeds) and
+`success_by_horizon.png` (final held-out success per bucket). Prints one line per run and the
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata_beacon")
+BUCKETS = ("short", "medium", "long")
+
+
+def base_config(args):
+    from configs.tiny_household import get_config
+
+    c = get_config()
+    c.iterations = int(args.iterations)
+    c.sft.steps = int(args.sft_steps)
+    c.sft.styles = "both"
+    c.env.horizon_min, c.env.horizon_max = args.horizon
+    c.eval.every = int(args.eval_every)
+    c.eval.num_tasks = int(args.eval_tasks)
+    c.checkpoint.every = int(args.iterations)  # one checkpoint at the end: a finished run is kept
+    c.log.plots_every = 0
+    c.log.progress = bool(args.progress)
+    return c
+
+
+def run_config(base, algo: str, seed: int, model_path: str):
+    """`base` as `algo` with `seed`, at the same trajectories per iteration as StraTA's N x M."""
+    from configs.base import validate
+
+    c = copy.deepcopy(base)
+    strata = algo.startswith("strata")
+    c.algo.name = algo
+    c.algo.judgment = strata
+    c.algo.diverse = strata
+    c.algo.group_size = int(base.algo.num_strategies * base.algo.traj_per_strategy)
+    c.seed = int(seed)
+    c.model.path = model_path
+    return validate(c)
+
+
+def finished(workdir: pathlib.Path, iterations: int) -> bool:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return False
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return any(r.get("iteration") == iterations for r in rows)
+
+
+def history(workdir: pathlib.Path) -> list[dict]:
+    return [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _mean(xs):
+    import numpy as np
+
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def summarise(rows: list[dict]) -> dict:
+    """One run's figures: held-out success at the start and the end (per bucket), training ESU,
+    CAR, invalid rate, and wall time per iteration."""
+    evals = [r for r in rows if "eval/success" in r]
+    start, end = evals[0], evals[-1]
+    train = [r for r in rows if "train/success" in r]
+    out = {"eval_start": start["eval/success"], "eval_end": end["eval/success"],
+           "greedy_start": start.get("eval_greedy/success"), "greedy_end": end.get("eval_greedy/success"),
+           "train_success_first": train[0]["train/success"], "train_success_last": train[-1]["train/success"],
+           "esu": _mean([r.get("train/esu") for r in train]), "car": _mean([r.get("train/car") for r in train]),
+           "invalid_rate": _mean([r.get("train/invalid_rate") for r in train]),
+           "iteration_s": _mean([r.get("time/iteration_s") for r in train]),
+           "curve": [(r["iteration"], r["eval/success"]) for r in evals]}
+    for b in BUCKETS:
+        out[f"start_{b}"] = start.get(f"eval/success_{b}")
+        out[f"end_{b}"] = end.get(f"eval/success_{b}")
+        out[f"n_{b}"] = end.get(f"eval/n_{b}")
+    return out
+
+
+def _ms(xs) -> str:
+    import numpy as np
+
+    xs = [x for x in xs if x is not None and x == x]
+    if not xs:
+        return "-"
+    return f"{np.mean(xs):.3f} ± {np.std(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+
+
+def table(results: dict, algos, seeds) -> str:
+    head = ("| algorithm | held-out success: SFT start | after training | greedy after | short | medium | long "
+            "| ESU | CAR | invalid rate | s / iteration |")
+    lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
+    for a in algos:
+        rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
+        if not rs:
+            continue
+        lines.append("| " + " | ".join([
+            a, _ms([r["eval_start"] for r in rs]), _ms([r["eval_end"] for r in rs]),
+            _ms([r["greedy_end"] for r in rs]),
+            *[_ms([r[f"end_{b}"] for r in rs]) for b in BUCKETS],
+            _ms([r["esu"] for r in rs]), _ms([r["car"] for r in rs]), _ms([r["invalid_rate"] for r in rs]),
+            f"{_mean([r['iteration_s'] for r in rs]):.1f}"]) + " |")
+    return "\n".join(lines)
+
+
+def plots(results: dict, algos, seeds, out: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for a in algos:
+        curves = [results[f"{a}/s{s}"]["curve"] for s in seeds if f"{a}/s{s}" in results]
+        if not curves:
+            continue
+        its = [i for i, _ in curves[0]]
+        ys = np.asarray([[v for _, v in c] for c in curves if len(c) == len(its)])
+        m, sd = ys.mean(0), ys.std(0)
+        ax.plot(its, m, marker="o", label=f"{a} (n={len(ys)})")
+        ax.fill_between(its, m - sd, m + sd, alpha=0.15)
+    ax.set_xlabel("iteration (0 = SFT start)")
+    ax.set_ylabel("held-out success (T = eval temperature)")
+    ax.set_title("Household horizon study: held-out success, mean ± sd over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "eval_success.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / max(len(algos), 1)
+    for k, a in enumerate(algos):
+        rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
+        if not rs:
+            continue
+        ms = [np.nanmean([np.nan if r[f"end_{b}"] is None else r[f"end_{b}"] for r in rs]) for b in BUCKETS]
+        sds = [np.nanstd([np.nan if r[f"end_{b}"] is None else r[f"end_{b}"] for r in rs]) for b in BUCKETS]
+        ax.bar(np.arange(3) + k * width, ms, width, yerr=sds, capsize=3, label=a)
+    ax.set_xticks(np.arange(3) + width * (len(algos) - 1) / 2)
+    ax.set_xticklabels(["short (L* ≤ 4)", "medium (5-7)", "long (≥ 8)"])
+    ax.set_ylabel("held-out success after training")
+    ax.set_title("Success by horizon bucket, mean ± sd over seeds")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "success_by_horizon.png", dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="runs/learning")
+    p.add_argument("--algos", default=",".join(ALGOS))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval-tasks", type=int, default=48)
+    p.add_argument("--sft-steps", type=int, default=600)
+    p.add_argument("--horizon", default="2,8", help="L* range of the tasks: lo,hi")
+    p.add_argument("--progress", action="store_true", help="per-run progress bars")
+    args = p.parse_args()
+    args.horizon = tuple(int(x) for x in args.horizon.split(","))
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    bad = [a for a in algos if a not in ALGOS]
+    if bad:
+        raise SystemExit(f"--algos: unknown {bad}; choose from {', '.join(ALGOS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from tqdm.auto import tqdm
+
+    from rollout import trainer
+
+    base = base_config(args)
+    shared = out / "shared"
+    t0 = time.perf_counter()
+    sft_dir = trainer.model_dir(base, shared, trainer.make_mesh(base))  # built once, reused after
+    print(f"shared SFT model: {sft_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    results: dict = {}
+    jobs = [(a, s) for s in seeds for a in algos]
+    bar = tqdm(jobs, desc="study", dynamic_ncols=True)
+    for a, s in bar:
+        bar.set_postfix_str(f"{a} seed {s}")
+        wd = out / f"{a}_s{s}"
+        if not finished(wd, int(args.iterations)):
+            t1 = time.perf_counter()
+            trainer.train(run_config(base, a, s, str(sft_dir)), wd)
+            tqdm.write(f"{a} seed {s}: {time.perf_counter() - t1:.0f} s")
+        results[f"{a}/s{s}"] = summarise(history(wd))
+        r = results[f"{a}/s{s}"]
+        tqdm.write(f"{a} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f}, "
+                   f"ESU {r['esu']:.3f}, {r['iteration_s']:.1f} s/iteration")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
+    md = table(results, algos, seeds)
+    (out / "results.md").write_text(md + "\n")
+    plots(results, algos, seeds, out)
+    print(md)
+    print(f"total {time.perf_counter() - t0:.0f} s; plots in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Expert demonstrations (rollout/demos.py) and the household options the embedded default uses."""
+
+import re
+
+import pytest
+
+from configs.base import ConfigError, base_config, validate, with_algo_env
+from rollout.demos import household_kwargs, sft_rows
+from rollout.envs.household import HouseholdEnv, solve
+
+REVEALED = re.compile(r"The (\w+ \d+) is (in|on) the (\w+ \d+)\.")
+
+
+def _kw(**over):
+    kw = {"max_steps": 12, "horizon": (2, 12), "n_extra_receptacles": 1, "n_distractors": 3}
+    kw.update(over)
+    return kw
+
+
+def test_revealed_locations_are_where_the_expert_finds_the_objects():
+    """The first observation's 'The pen 1 is on the desk 1.' must name the receptacle the exact
+    solver (which reads the world state, not the text) takes the object from, and the lamp's host."""
+    env = HouseholdEnv(**_kw(reveal_objects=True))
+    checked = 0
+    for seed in range(200):
+        obs, info = env.reset(seed=seed)
+        said = {o: r for o, _, r in REVEALED.findall(obs)}
+        assert said, f"seed {seed}: nothing revealed in {obs!r}"
+        for o, r in said.items():
+            if o == "desklamp 1":
+                assert r == env.world.lamp_host, (seed, obs)
+            else:
+                # the preposition follows the receptacle: in a closed/openable one, on a surface
+                assert (f"The {o} is in the {r}." in obs) == (r in env.world.openable), (seed, obs)
+        takes = [re.fullmatch(r"take (\w+ \d+) from (\w+ \d+)", c) for c in solve(seed, **_kw(reveal_objects=True))]
+        for m in filter(None, takes):
+            o, r = m.groups()
+            if o.split()[0] == env.task.obj_type and o in said:
+                assert said[o] == r, (seed, o, said[o], r)
+                checked += 1
+        assert ("desklamp 1" in said) == (info["task_type"] == "look_at_obj_in_light")
+    assert checked >= 200
+
+
+def test_reveal_is_off_by_default_and_changes_only_the_first_observation():
+    hidden, shown = HouseholdEnv(**_kw()), HouseholdEnv(**_kw(reveal_objects=True))
+    for seed in range(20):
+        a, ia = hidden.reset(seed=seed)
+        b, ib = shown.reset(seed=seed)
+        assert not REVEALED.search(a)
+        assert re.sub(" " + REVEALED.pattern, "", b) == a
+        assert ia == ib
+        for cmd in solve(seed, **_kw()):  # same world, same dynamics
+            assert hidden.step(cmd)[:3] == shown.step(cmd)[:3]
+
+
+def test_reveal_is_refused_outside_the_household_world():
+    c = with_algo_env(base_config(), "strata", "alfworld")
+    c.env.reveal_objects = True
+    with pytest.raises(ConfigError, match="reveal_objects"):
+        validate(c)
+    c = base_config()
+    c.sft.styles = "all"
+    with pytest.raises(ConfigError, match="sft.styles"):
+        validate(c)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from rollout.demos import corpus
+    from strata_jax.models.hf import load_tokenizer
+    from strata_jax.models.tiny import make_tiny_model
+
+    c = with_algo_env(base_config(), "strata", "household")
+    c.env.max_steps, c.env.horizon_max = 12, 6
+    out = tmp_path_factory.mktemp("tok")
+    make_tiny_model(out, texts=corpus(c, num_tasks=24), vocab_size=512)
+    return load_tokenizer(out)
+
+
+def test_sft_rows_in_both_styles_are_the_strategy_rows_plus_the_flat_rows(tokenizer):
+    c = with_algo_env(base_config(), "strata", "household")
+    c.env.max_steps, c.env.horizon_max = 12, 6
+    tasks = range(6)
+    strata = sft_rows(c, tokenizer, tasks, judge_share=0.0)
+    flat_c = with_algo_env(base_config(), "grpo", "household")
+    flat_c.env.max_steps, flat_c.env.horizon_max = 12, 6
+    flat = sft_rows(flat_c, tokenizer, tasks, judge_share=0.0)
+    c.sft.styles = "both"
+    both = sft_rows(c, tokenizer, tasks, judge_share=0.0)
+    assert len(both) == len(strata) + len(flat)
+    for (p, r), (q, s) in zip(both, strata + flat):
+        assert (p == q).all() and (r == s).all()
+    text = [tokenizer.decode(p) for p, _ in flat]
+    assert not any("strategy" in t.lower() for t in text)  # flat prompts carry no strategy
+    assert sum("<strategy>" in tokenizer.decode(r) for _, r in strata) == len(tasks)
+    # every flat action row answers with the expert's next command
+    plans = {t: solve(t, **household_kwargs(flat_c)) for t in tasks}
+    n_actions = sum(len(p) for p in plans.values())
+    assert len(flat) == n_actions
+    c.sft.styles = "nope"
+    with pytest.raises(ValueError, match="sft.styles"):
+        sft_rows(c, tokenizer, tasks)
