@@ -187,9 +187,10 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--eval-tasks", type=int, default=48)
-    p.add_argument("--sft-steps", type=int, default=600)
+    p.add_argument("--sft-steps", type=int, default=2000)
     p.add_argument("--horizon", default="2,8", help="L* range of the tasks: lo,hi")
     p.add_argument("--progress", action="store_true", help="per-run progress bars")
+    p.add_argument("--sft-only", action="store_true", help="build the shared SFT model, then stop")
     args = p.parse_args()
     args.horizon = tuple(int(x) for x in args.horizon.split(","))
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
@@ -209,6 +210,8 @@ def main() -> None:
     t0 = time.perf_counter()
     sft_dir = trainer.model_dir(base, shared, trainer.make_mesh(base))  # built once, reused after
     print(f"shared SFT model: {sft_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.sft_only:
+        return
 
     results: dict = {}
     jobs = [(a, s) for s in seeds for a in algos]
