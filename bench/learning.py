@@ -9,7 +9,7 @@ training (iteration 0: the SFT start) and every `--eval-every` iterations, overa
 bucket (short L* <= 4, medium 5..7, long >= 8).
 
     python bench/learning.py --out runs/learning [--seeds 0,1,2] [--iterations 10]
-        [--algos grpo,gigpo,strata,beacon,strata_beacon] [--sft-steps 600] [--horizon 2,8]
+        [--algos grpo,gigpo,strata,beacon,strata+beacon] [--sft-steps 600] [--horizon 2,8]
 
 Runs one after another in this process (programs compile once and are reused across runs). A
 finished run (its metrics.jsonl reaches the last iteration) is skipped, so an interrupted study
@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata_beacon")
+ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 BUCKETS = ("short", "medium", "long")
 
 
@@ -218,7 +218,7 @@ def main() -> None:
     bar = tqdm(jobs, desc="study", dynamic_ncols=True)
     for a, s in bar:
         bar.set_postfix_str(f"{a} seed {s}")
-        wd = out / f"{a}_s{s}"
+        wd = out / f"{a.replace('+', '_')}_s{s}"
         if not finished(wd, int(args.iterations)):
             t1 = time.perf_counter()
             trainer.train(run_config(base, a, s, str(sft_dir)), wd)
