@@ -78,8 +78,7 @@ def measure(config, workdir: pathlib.Path, iterations: int) -> dict[str, float]:
 
     run = trainer.Run(config, workdir)
     c = config
-    per_iter = c.algo.tasks_per_iter * (c.algo.num_strategies * c.algo.traj_per_strategy
-                                        if c.algo.name.startswith("strata") else c.algo.group_size)
+    per_iter = c.algo.tasks_per_iter * trainer.trajectories_per_task(c)
     envs = trainer.make_envs(c, per_iter, c.env.split)
     sums = dict.fromkeys(PHASES, 0.0)
     steps = 0.0

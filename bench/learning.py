@@ -33,8 +33,9 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from rollout.report import BUCKETS, read_metrics  # noqa: E402  (after the repo is on the path)
+
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
-BUCKETS = ("short", "medium", "long")
 
 
 def base_config(args):
@@ -69,15 +70,7 @@ def run_config(base, algo: str, seed: int, model_path: str):
 
 
 def finished(workdir: pathlib.Path, iterations: int) -> bool:
-    path = workdir / "metrics.jsonl"
-    if not path.exists():
-        return False
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return any(r.get("iteration") == iterations for r in rows)
-
-
-def history(workdir: pathlib.Path) -> list[dict]:
-    return [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return any(r.get("iteration") == iterations for r in read_metrics(workdir))
 
 
 def _mean(xs):
@@ -223,7 +216,7 @@ def main() -> None:
             t1 = time.perf_counter()
             trainer.train(run_config(base, a, s, str(sft_dir)), wd)
             tqdm.write(f"{a} seed {s}: {time.perf_counter() - t1:.0f} s")
-        results[f"{a}/s{s}"] = summarise(history(wd))
+        results[f"{a}/s{s}"] = summarise(read_metrics(wd))
         r = results[f"{a}/s{s}"]
         tqdm.write(f"{a} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f}, "
                    f"ESU {r['esu']:.3f}, {r['iteration_s']:.1f} s/iteration")

@@ -47,7 +47,7 @@ from rollout.ablate import SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
 from rollout.trainer import (Run, _diag_row, _gather, _loss_dict, _save_batch, _score_rows, advantage_params,
                              check_window, eval_tasks, make_envs, num_tasks, rollout_config, run_evals,
-                             task_types_of, train_tasks, trim_rows)
+                             task_types_of, train_tasks, trajectories_per_task, trim_rows)
 from strata_jax.advantages import compute_advantages
 from strata_jax.batch import TokenBatch
 from strata_jax.checkpoint import Checkpointer
@@ -410,8 +410,7 @@ def train_population(config, workdir, specs: list[str]) -> list[dict]:
         logs.append(log)
     n_train = num_tasks(c, c.env.split)
     n_eval = num_tasks(c, c.env.eval_split)
-    per_iter = c.algo.tasks_per_iter * (c.algo.num_strategies * c.algo.traj_per_strategy
-                                        if c.algo.name.startswith("strata") else c.algo.group_size)
+    per_iter = c.algo.tasks_per_iter * trajectories_per_task(c)
     envs = make_envs(c, per_iter, c.env.split)
     eval_envs = make_envs(c, min(int(c.eval.num_tasks), n_eval or int(c.eval.num_tasks)), c.env.eval_split) \
         if c.eval.every else None

@@ -30,6 +30,15 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def read_metrics(workdir: str | os.PathLike) -> list[dict]:
+    """The rows of `workdir`/metrics.jsonl, oldest first ([] when the run has not written any)."""
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 class MetricsLog:
     """metrics.jsonl (+ TensorBoard) under `workdir`; `history` holds every row written so far."""
 
@@ -37,10 +46,7 @@ class MetricsLog:
         self.dir = pathlib.Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.history: list[dict] = []
-        if self.path.exists():
-            with open(self.path) as f:
-                self.history = [json.loads(line) for line in f if line.strip()]
+        self.history: list[dict] = read_metrics(self.dir)
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter

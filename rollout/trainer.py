@@ -94,6 +94,12 @@ class _EnvFactory:
         return make_env(self.name, **self.kwargs)
 
 
+def trajectories_per_task(config) -> int:
+    """Trajectories the rollout runs per task: N x M for StraTA, G for the flat algorithms."""
+    cfg = RolloutConfig.from_config(config)
+    return cfg.n * cfg.m
+
+
 def num_tasks(config, split: str) -> int | None:
     if config.env.name == "household":
         return None
@@ -645,8 +651,7 @@ def train(config, workdir) -> dict:
     n_train = num_tasks(c, c.env.split)
     n_eval = num_tasks(c, c.env.eval_split)
     # environments for one rollout shard (a process collects its shards one after the other)
-    per_shard = c.algo.tasks_per_iter // run.shards * (c.algo.num_strategies * c.algo.traj_per_strategy
-                                                        if c.algo.name.startswith("strata") else c.algo.group_size)
+    per_shard = c.algo.tasks_per_iter // run.shards * trajectories_per_task(c)
     envs = make_envs(c, per_shard, c.env.split)
     evaluating = bool(c.eval.every) and run.lead  # several processes: process 0 evaluates alone
     eval_envs = make_envs(c, min(int(c.eval.num_tasks), n_eval or int(c.eval.num_tasks)), c.env.eval_split) \
