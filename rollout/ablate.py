@@ -21,12 +21,16 @@ from strata_jax.advantages.params import AdvantageParams, stack_params
 from strata_jax.batch import TrajectoryBatch
 from strata_jax.diagnostics import compute_diagnostics
 
-SWEEPABLE = ("delta", "kappa", "gamma", "beacon_gamma", "lam_strategy", "lam_seg", "omega", "invalid_penalty",
+# Traced advantage parameters a saved batch can be re-scored under.
+SWEEPABLE = ("delta", "kappa", "gamma", "beacon_gamma", "lam_seg", "omega", "invalid_penalty",
              "r_ms", "c_len", "c_fmt")
+# lam_strategy weights the strategy rows in the loss only (ALGORITHMS.md 3.5): re-scoring cannot see
+# it, so only a population training (`ablate --train`) sweeps it.
+LOSS_ONLY = ("lam_strategy",)
 METRICS = ("esu", "zero_adv_ratio", "car", "ccr")
 
 
-def parse_grid(specs: list[str]) -> dict[str, list[float]]:
+def parse_grid(specs: list[str], allowed: tuple[str, ...] = SWEEPABLE) -> dict[str, list[float]]:
     """['delta=0.25,0.5', 'kappa=0,0.1'] -> {'delta': [0.25, 0.5], 'kappa': [0.0, 0.1]}; names checked."""
     if not specs:
         raise ValueError("ablate needs at least one --grid NAME=v1,v2,...")
@@ -36,8 +40,11 @@ def parse_grid(specs: list[str]) -> dict[str, list[float]]:
         name = name.strip()
         if not sep or not values.strip():
             raise ValueError(f"--grid {spec!r}: expected NAME=v1,v2,...")
-        if name not in SWEEPABLE:
-            raise ValueError(f"--grid {name!r} is not sweepable; choose from {list(SWEEPABLE)}")
+        if name in LOSS_ONLY and name not in allowed:
+            raise ValueError(f"--grid {name!r} weights the loss only, so re-scoring saved batches cannot show it: "
+                             "sweep it with `launch.py ablate --train`")
+        if name not in allowed:
+            raise ValueError(f"--grid {name!r} is not sweepable; choose from {list(allowed)}")
         if name in grid:
             raise ValueError(f"--grid {name!r} given twice")
         try:

@@ -43,7 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from rollout import report
-from rollout.ablate import SWEEPABLE, grid_points, parse_grid
+from rollout.ablate import LOSS_ONLY, SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
 from rollout.trainer import (Run, _diag_row, _gather, _loss_dict, _save_batch, _score_rows, advantage_params,
                              check_window, eval_tasks, make_envs, num_tasks, rollout_config, run_evals,
@@ -69,12 +69,12 @@ def parse_train_grid(specs: list[str]) -> dict[str, list[float]]:
     with its name (a different algorithm or shape is a different program, not a vmapped value)."""
     for spec in specs:
         name = spec.partition("=")[0].strip()
-        if name and name not in SWEEPABLE:
+        if name and name not in SWEEPABLE + LOSS_ONLY:
             raise ValueError(
                 f"--grid {name!r} cannot be trained as one vmapped population: only traced advantage "
-                f"parameters can differ between copies ({list(SWEEPABLE)}); {name!r} changes the program "
-                "(algorithm, shapes or rollout), so run separate `launch.py train` jobs for it")
-    return parse_grid(specs)
+                f"parameters can differ between copies ({list(SWEEPABLE + LOSS_ONLY)}); {name!r} changes the "
+                "program (algorithm, shapes or rollout), so run separate `launch.py train` jobs for it")
+    return parse_grid(specs, SWEEPABLE + LOSS_ONLY)
 
 
 def copy_label(point: dict) -> str:

@@ -128,7 +128,7 @@ def strategy_adv(b, hp):
     for p in range(out.shape[0]):
         keys = [k for k in rz if k[0] == p]
         for k, a in zip(keys, _norm([rz[k] for k in keys], "std")):
-            out[k] = hp["lam_strategy"] * a
+            out[k] = a  # lam_strategy weights the loss, not A^str
     return out
 
 

@@ -202,7 +202,7 @@ def test_strata_hand_action_and_strategy_levels():
     # R(z): s0 top ceil(1.5)=2 of [10,0,0] -> 5/10 - 0.1*16/64 = 0.475; s1 top 1 of [10,10] -> 1 - 0.1;
     # s2 masked; s3 top 2 of [0,0,0] -> 0.
     r = np.array([0.475, 0.9, 0.0])
-    a = 0.5 * (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    a = (r - r.mean()) / (r.std(ddof=1) + 1e-6)  # no lambda: it weights the loss (test_loss.py)
     np.testing.assert_allclose(strat[0], [a[0], a[1], 0.0, a[2]], atol=1e-5)
 
 
@@ -213,7 +213,7 @@ def test_strata_strategy_reward_clipped_and_delta():
     _, strat = run(d, "strata", delta=0.25)
     # s0: top ceil(0.75)=1 -> 1 - 0.025 = 0.975; s1: clip(1 - 0.1 * 1936/64 - 0.1) = -1; s3: 1
     r = np.array([0.975, -1.0, 1.0])
-    a = 0.5 * (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    a = (r - r.mean()) / (r.std(ddof=1) + 1e-6)  # no lambda: it weights the loss (test_loss.py)
     np.testing.assert_allclose(strat[0], [a[0], a[1], 0.0, a[2]], atol=1e-5)
 
 

@@ -180,3 +180,48 @@ def test_bad_config_and_inputs_raise():
         policy_loss(jnp.asarray(d["logp"]), _batch(d), LossConfig(entropy_bonus=True), 1.0)
     with pytest.raises(ValueError, match="logp shape"):
         policy_loss(jnp.zeros((S, L + 1)), _batch(d), LossConfig(), 1.0)
+
+
+def test_strategy_token_gradient_is_lambda_times_strategy_advantage():
+    """End to end from returns to the loss gradient: a strategy token's d loss / d logp at ratio 1
+    is -lam * A^str / count with A^str = norm_i(R(z_i)) (ALGORITHMS.md 3.5: lambda once, in the loss).
+    Hand case: one task, two strategies with returns (10, 10) and (0, 0) -> R(z) = (1, 0), so
+    A^str = (+0.7071, -0.7071) (ddof 1). An action row rides along to fix the shared count."""
+    from strata_jax.advantages import compute_advantages
+    from strata_jax.advantages.params import AdvantageParams
+    from strata_jax.batch import TrajectoryBatch, gather_advantages
+
+    P, N, M, H = 1, 2, 2, 1
+    won = np.array([[[True, True], [False, False]]])
+    traj = TrajectoryBatch.from_numpy(
+        step_mask=np.ones((P, N, M, H), bool), won=won, episode_return=(10.0 * won).astype(np.float32),
+        env_reward=np.zeros((P, N, M, H), np.float32), invalid=np.zeros((P, N, M, H), bool),
+        milestone=np.zeros((P, N, M, H), bool), judged_bad=np.zeros((P, N, M, H), bool),
+        anchor_id=np.zeros((P, N, M, H), np.int64), action_id=np.zeros((P, N, M, H), np.int64),
+        strategy_mask=np.ones((P, N), bool), strategy_len=np.full((P, N), 10, np.int32),
+        strategy_malformed=np.zeros((P, N), bool), horizon=np.full((P,), 2, np.int32))
+    lam = 0.5
+    adv = compute_advantages(traj, AdvantageParams(lam_strategy=lam), "strata")
+    a_str = 1.0 / np.sqrt(2.0)  # norm([1, 0]) with ddof 1
+    np.testing.assert_allclose(np.asarray(adv.strategy), [[a_str, -a_str]], atol=1e-5)
+
+    # rows: strategy z_0 (3 tokens), strategy z_1 (3 tokens), action (0, 0, 0, 0) (2 tokens)
+    Lr = 4
+    loss_mask = np.array([[0, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1]], bool)
+    row_index = np.array([[0, 0, 0, -1], [0, 1, 0, -1], [0, 0, 0, 0]], np.int32)
+    zeros = jnp.zeros((3, Lr), jnp.float32)
+    tb = TokenBatch(tokens=jnp.zeros((3, Lr), jnp.int32), attention_mask=jnp.ones((3, Lr), bool),
+                    loss_mask=jnp.asarray(loss_mask), old_logp=zeros, ref_logp=zeros, advantage=zeros,
+                    row_index=jnp.asarray(row_index), row_valid=jnp.ones(3, bool))
+    tb = gather_advantages(adv.step, adv.strategy, tb)
+    cfg = LossConfig(kl_coef=1e-9)  # KL gradient is 0 at logp = ref anyway
+
+    def loss(logp):
+        s, c, _ = policy_loss(logp, tb, cfg, lam)
+        return s / c
+
+    g = np.asarray(jax.grad(loss)(zeros))  # logp = old_logp: ratio 1, unclipped
+    count = loss_mask.sum()
+    np.testing.assert_allclose(g[0, 1:], -lam * a_str / count, rtol=1e-5)
+    np.testing.assert_allclose(g[1, 1:], +lam * a_str / count, rtol=1e-5)
+    assert np.all(g[~loss_mask] == 0)

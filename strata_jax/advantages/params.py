@@ -40,7 +40,7 @@ class AdvantageParams:
     kappa: jax.Array = _f32(0.1)  # StraTA: self-judgment penalty per bad step (3.4)
     gamma: jax.Array = _f32(0.95)  # GiGPO: discount of step returns (2)
     beacon_gamma: jax.Array = _f32(0.9)  # BEACON: temporal shaping decay (4)
-    lam_strategy: jax.Array = _f32(0.5)  # StraTA: weight of J_str, folded into A^str (3.5)
+    lam_strategy: jax.Array = _f32(0.5)  # StraTA: weight of J_str in the loss (3.5); not in A^str
     lam_seg: jax.Array = _f32(1.0)  # BEACON: weight of the segment advantage (4)
     omega: jax.Array = _f32(1.0)  # GiGPO: weight of the anchor-state advantage (2)
     invalid_penalty: jax.Array = _f32(0.1)  # all: subtracted after normalisation (0)

@@ -42,13 +42,13 @@ def strategy_reward(batch: TrajectoryBatch, params: AdvantageParams) -> tuple[ja
 
 
 def strategy_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
-    """lambda * norm_i(R(z_i)) over the N strategies of each task -> [P, N].
+    """A^str = norm_i(R(z_i)) over the N strategies of each task -> [P, N].
 
-    (choice) lambda (lam_strategy) is folded into A^str: the PPO-clip surrogate is positively
-    homogeneous in A, so this is J_act + lambda * J_str on the strategy tokens.
+    lambda (lam_strategy) is NOT folded in here (ALGORITHMS.md 3.5): the loss weights the strategy
+    rows by it once (strata_jax/loss.py row_weights). Folding it here as well gave lambda^2.
     """
     r, valid = strategy_reward(batch, params)  # [P, N]
-    return params.lam_strategy * axis_normalize(r, valid, (1,), "std")
+    return axis_normalize(r, valid, (1,), "std")
 
 
 def judge_reward(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
