@@ -11,12 +11,13 @@ from __future__ import annotations
 import ml_collections as mlc
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
-ENVS = ("household", "alfworld", "scienceworld")
+ENVS = ("household", "alfworld", "scienceworld", "doors")
 CHOICES = {
     "algo.name": ALGOS,
     "algo.milestones": ("facts", "expert_plan"),
     "algo.gigpo_norm": ("std", "mean"),
     "algo.seg_norm": ("mean", "std"),
+    "algo.invalid_penalty_tokens": ("action", "response"),
     "env.name": ENVS,
     "env.split": ("train", "valid_seen", "valid_unseen"),
     "env.eval_split": ("train", "valid_seen", "valid_unseen"),
@@ -55,6 +56,7 @@ def base_config() -> mlc.ConfigDict:
     a.lam_seg = 1.0  # BEACON segment advantage weight
     a.omega = 1.0  # GiGPO step advantage weight
     a.invalid_penalty = 0.1
+    a.invalid_penalty_tokens = "action"  # where it lands: the wrong command's tokens, or "response" (all)
     a.r_succ = 10.0
     a.r_ms = 10.0
     a.c_len = 0.1
@@ -69,11 +71,13 @@ def base_config() -> mlc.ConfigDict:
     e.name = "household"
     e.max_steps = 30
     e.history_length = 2
+    e.show_first_observation = True  # step prompts repeat the first observation (rollout/prompts.py)
     e.horizon_min = 2  # household: L* range of generated tasks
     e.horizon_max = 12
     e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
     e.distractors = 6  # household: unrelated objects placed around the room
     e.reveal_objects = False  # household: the first observation says where the task's objects are
+    e.doors_options = 2  # doors (the learnability test world): doors listed per step; L* from horizon_min/max
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
     e.cache_dir = ""  # alfworld: translated-game cache shared by workers and runs ("" = in memory only)
     e.split = "train"
@@ -124,6 +128,7 @@ def base_config() -> mlc.ConfigDict:
     t.aggregation = "token_mean"
     t.mini_batch_rows = 256  # rows (LLM calls) per optimiser step; one epoch per iteration
     t.micro_batches = 1  # gradient accumulation inside one step
+    t.skip_no_signal = True  # skip mini-batches whose advantages are all 0 (no KL/decay-only drift)
     t.length_buckets = (128, 256, 512, 1024, 2048)
     t.logprob_chunk = 8192  # vocabulary chunk for log-probs
     # Re-score old log-probs with the training forward (as verl does) rather than trusting the
@@ -137,6 +142,7 @@ def base_config() -> mlc.ConfigDict:
     f.batch_rows = 32
     f.demos = ""  # JSONL of demonstrations (ALFWorld); household uses its expert solver
     f.num_tasks = 256
+    f.epsilon = 0.0  # household: epsilon-soft expert (detours with this probability, then recovers)
     f.styles = "own"  # household demos in this run's prompt style, or "both" (strategy + flat prompts)
     f.judge_share = 1.0  # household: share of the demo tasks whose self-judgment is a demo row too
 
@@ -209,6 +215,11 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     for key in ("algo.delta", "algo.gamma", "algo.beacon_gamma"):
         if not 0.0 < _get(c, key) <= 1.0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be in (0, 1]")
+    if not 0.0 <= c.sft.epsilon <= 1.0:
+        raise ConfigError(f"config.sft.epsilon={c.sft.epsilon!r} must be in [0, 1]")
+    if c.sft.epsilon and c.env.name != "household":
+        raise ConfigError(f"config.sft.epsilon={c.sft.epsilon!r} is only wired for the household expert, "
+                          f"not env.name={c.env.name!r}")
     if not 0.0 <= c.sft.judge_share <= 1.0:
         raise ConfigError(f"config.sft.judge_share={c.sft.judge_share!r} must be in [0, 1]")
     if not 0.0 < c.sampling.top_p <= 1.0:

@@ -29,13 +29,15 @@ from tqdm.auto import tqdm
 
 from rollout import judge as judge_mod
 from rollout import prompts
-from rollout.parsing import INVALID_REASONS, parse_action, parse_strategy
+from rollout.parsing import (INADMISSIBLE, INVALID_REASONS, TOO_LONG, action_content_span, parse_action,
+                             parse_strategy)
 from rollout.envs.vector import SerialEnvPool
 from rollout.policy import Generation, Policy
 from strata_jax import diversity
 from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows
 
 MODES = ("strata", "flat")
+PENALTY_TOKENS = ("action", "response")
 
 
 # --- configuration --------------------------------------------------------------------------------
@@ -53,7 +55,14 @@ class RolloutConfig:
     revise_every: int = 0  # not wired: raises (see validate)
     max_steps: int = 30  # H
     history_length: int = 2
+    show_first_observation: bool = True  # repeat the first observation in every later step prompt
     r_succ: float = 10.0
+    # (choice) where an invalid step's penalty lands: "action" = the tokens of the action's content
+    # when the command was wrong (inadmissible, too long), the whole response when the format was
+    # (no / several / empty <action> tags); "response" = every response token (the spec's wording).
+    # The <think>/<action> format tokens are shared by every step, so "response" pushes the format
+    # itself down whenever a command is wrong (issue #13: 98% invalid from a weak start).
+    penalty_tokens: str = "action"
     env_reward_in_return: bool = False  # add the env's own shaping to R(tau)
     strategy_budget: int | None = 64  # L_z: z is cut to this many words in step prompts
     judge_excerpt_chars: int = 150
@@ -74,6 +83,8 @@ class RolloutConfig:
     def validate(self) -> "RolloutConfig":
         if self.mode not in MODES:
             raise ValueError(f"RolloutConfig.mode={self.mode!r}; choose one of {MODES}")
+        if self.penalty_tokens not in PENALTY_TOKENS:
+            raise ValueError(f"RolloutConfig.penalty_tokens={self.penalty_tokens!r}; choose one of {PENALTY_TOKENS}")
         for name in ("group_size", "num_strategies", "traj_per_strategy", "oversample",
                      "max_steps", "row_multiple"):
             if getattr(self, name) < 1:
@@ -98,14 +109,15 @@ class RolloutConfig:
         `eval_mode`: one trajectory per task (StraTA: one strategy, no oversampling), no judgment.
         """
         strata = c.algo.name.startswith("strata")
-        intro = (prompts.INTRO if c.env.name != "scienceworld"
-                 else "You are an agent in a text-based science experiment environment.")
+        intro = prompts.INTROS.get(c.env.name, prompts.INTRO)
         cfg = cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
                   num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
                   oversample=c.algo.oversample, diverse=c.algo.diverse, judgment=c.algo.judgment,
                   judge_train=c.algo.judge_train, revise_every=c.algo.revise_every,
                   max_steps=c.env.max_steps, history_length=c.env.history_length,
+                  show_first_observation=bool(c.env.show_first_observation),
                   r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
+                  penalty_tokens=c.algo.invalid_penalty_tokens,
                   length_buckets=tuple(c.train.length_buckets),
                   row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
         if eval_mode:
@@ -309,7 +321,8 @@ def _step_prompt(st: _State, e: int, t: int, cfg: RolloutConfig):
     p, n, _ = st.pnm(e)
     return prompts.step_prompt(st.task_line[p], st.obs[e], st.admissible[e], st.history[e],
                                strategy=st.z[p][n], step=t, history_length=cfg.history_length,
-                               intro=cfg.intro)
+                               intro=cfg.intro,
+                               first_observation=st.first_obs[p] if cfg.show_first_observation else None)
 
 
 def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> None:
@@ -430,7 +443,43 @@ def _token_rows(st: _State) -> list[tuple[Generation, tuple[int, int, int, int]]
     return rows
 
 
-def _token_batch(st: _State, cfg: RolloutConfig) -> TokenBatch:
+def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str) -> np.ndarray:
+    """[len(response)] bool: the response tokens an invalid step's penalty lands on (see
+    RolloutConfig.penalty_tokens). The action content is located in the decoded response and mapped
+    to tokens through the decoded length of every token prefix."""
+    n = len(g.response_ids)
+    whole = np.ones(n, bool)
+    if mode == "response" or reason not in (INADMISSIBLE, TOO_LONG):
+        return whole
+    if decode is None:
+        raise ValueError("invalid_penalty_tokens='action' needs a policy with decode(ids) -> str to find the "
+                         "action's tokens; this policy has none (use 'response')")
+    ids = [int(i) for i in g.response_ids]
+    span = action_content_span(decode(ids))
+    if span is None:
+        return whole
+    ends = np.fromiter((len(decode(ids[: i + 1])) for i in range(n)), np.int64, n)  # char end of token i
+    starts = np.concatenate([[0], ends[:-1]])
+    out = (starts < span[1]) & (ends > span[0])  # token overlaps the content
+    return out if out.any() else whole
+
+
+def _penalty_mask(st: _State, rows: list, packed: dict, decode: Any, cfg: RolloutConfig) -> np.ndarray:
+    """[R, L] bool, aligned with the packed rows (each row ends with its response)."""
+    mask = np.zeros_like(packed["loss_mask"])
+    length = mask.shape[1]
+    for s, (g, (p, n, m, t)) in enumerate(rows):
+        if t < 0:
+            continue
+        e = (p * st.N + n) * st.M + m
+        if not st.invalid[e, t]:
+            continue
+        k = len(g.response_ids)
+        mask[s, length - k:] = penalty_token_mask(g, st.logs[e][t]["reason"], decode, cfg.penalty_tokens)
+    return mask
+
+
+def _token_batch(st: _State, cfg: RolloutConfig, decode: Any = None) -> TokenBatch:
     rows = _token_rows(st)
     longest = max((len(g.prompt_ids) + len(g.response_ids) for g, _ in rows), default=1)
     length = bucket(longest, cfg.length_buckets)
@@ -443,7 +492,7 @@ def _token_batch(st: _State, cfg: RolloutConfig) -> TokenBatch:
     return TokenBatch(tokens=packed["tokens"], attention_mask=packed["attention_mask"],
                       loss_mask=packed["loss_mask"], old_logp=packed["old_logp"],
                       ref_logp=zeros, advantage=zeros.copy(), row_index=row_index,
-                      row_valid=packed["row_valid"])
+                      row_valid=packed["row_valid"], penalty_mask=_penalty_mask(st, rows, packed, decode, cfg))
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -480,7 +529,7 @@ def _collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig
     _run_steps(pool, policy, st, cfg)
     stats = _judge(policy, st, cfg) if cfg.judgment else {}
     t_build = time.perf_counter()
-    traj, tokens = _traj_batch(st, cfg), _token_batch(st, cfg)
+    traj, tokens = _traj_batch(st, cfg), _token_batch(st, cfg, getattr(policy, "decode", None))
     build_s = time.perf_counter() - t_build
     stats.update(_stats(st, tokens))
     total = time.perf_counter() - t0

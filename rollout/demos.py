@@ -8,12 +8,13 @@ tokenizer before it exists) uses the scripted policy's fake ids and keeps the te
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from rollout.collect import RolloutConfig, collect
-from rollout.envs.household import HouseholdEnv, solve
+from rollout.envs.household import HouseholdEnv, expert_plan
 from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
 
 THINK = "<think>I follow my strategy.</think>"
@@ -29,21 +30,86 @@ def strategy_text(plan: Sequence[str]) -> str:
     return ", then ".join(plan)
 
 
-def expert_script(tasks: Sequence[int], env_kwargs: dict) -> Callable[[Messages, str, Hashable], str]:
-    """script(messages, kind, key) -> the expert's answer; keys as `collect` passes them."""
-    plans = {p: solve(seed, **env_kwargs) for p, seed in enumerate(tasks)}
+def expert_script(tasks: Sequence[int], env_kwargs: dict, epsilon: float = 0.0,
+                  seed: int = 0) -> Callable[[Messages, str, Hashable], str]:
+    """script(messages, kind, key) -> the expert's answer; keys as `collect` passes them.
+
+    epsilon > 0: an epsilon-soft expert. Before each plan step, with probability epsilon, it takes a
+    harmless detour instead (`look`, `inventory` or `go to` another receptacle) and then recovers:
+    after a `go to` detour it first walks back, unless its next command is a `go to` itself. The
+    demonstrations then carry entropy (a policy that imitates them still explores) and show how to
+    recover from a wrong move, and every detour is a known bad step, which the expert's
+    self-judgment lists (instead of always answering 'none').
+    """
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon={epsilon} must be in [0, 1]")
+    plans, rooms, starts = {}, {}, {}
+    for p, task_seed in enumerate(tasks):
+        env = HouseholdEnv(**env_kwargs)
+        env.reset(seed=task_seed)
+        plans[p] = expert_plan(env)
+        rooms[p] = sorted(env.world.rtype)
+        starts[p] = env.world.at
+    walks: dict[Hashable, _Walk] = {}
+
+    def walk(p: int, key: Hashable) -> "_Walk":
+        if key not in walks:
+            walks[key] = _Walk(plans[p], rooms[p], starts[p], epsilon,
+                               np.random.default_rng([int(seed), *(int(k) for k in key)]))
+        return walks[key]
 
     def script(messages: Messages, kind: str, key: Hashable) -> str:
         if kind == "strategy":
             p, _ = key
             return f"<strategy>{strategy_text(plans[p])}</strategy>"
         if kind == "action":
-            p, _, _, t = key
-            plan = plans[p]
-            return f"{THINK}<action>{plan[t] if t < len(plan) else 'look'}</action>"
-        return "<bad_steps>none</bad_steps>"  # the expert's steps all advance the task
+            p, n, m, t = key
+            return f"{THINK}<action>{walk(p, (p, n, m)).next_action()}</action>"
+        w = walks.get(tuple(key))
+        bad = w.detours if w is not None else []
+        return f"<bad_steps>{', '.join(map(str, bad)) if bad else 'none'}</bad_steps>"
 
     return script
+
+
+class _Walk:
+    """One demonstration trajectory of the epsilon-soft expert (see expert_script)."""
+
+    def __init__(self, plan: list[str], rooms: list[str], start: str | None, epsilon: float,
+                 rng: np.random.Generator):
+        self.plan, self.rooms, self.loc, self.eps, self.rng = plan, rooms, start, epsilon, rng
+        self.i = 0  # next plan command
+        self.t = 0  # steps taken
+        self.back: str | None = None  # receptacle to walk back to after a detour
+        self.detours: list[int] = []  # 1-based step numbers of the detours
+
+    def next_action(self) -> str:
+        self.t += 1
+        if self.back is not None:
+            action, self.back = f"go to {self.back}", None
+        elif self.i < len(self.plan) and self.eps > 0 and self.rng.random() < self.eps:
+            action = self._detour()
+        elif self.i < len(self.plan):
+            action = self.plan[self.i]
+            self.i += 1
+        else:
+            action = "look"
+        if action.startswith("go to "):
+            self.loc = action[len("go to "):]
+        return action
+
+    def _detour(self) -> str:
+        nxt = self.plan[self.i]
+        goes = nxt.startswith("go to ")
+        options = ["look", "inventory"]
+        # a walk away needs a way back: from the middle of the room the next command is a go-to
+        if goes or self.loc is not None:
+            options += [f"go to {r}" for r in self.rooms if r != self.loc and nxt != f"go to {r}"]
+        action = options[int(self.rng.integers(len(options)))]
+        if action.startswith("go to ") and not goes:
+            self.back = self.loc
+        self.detours.append(self.t)
+        return action
 
 
 class ExpertPolicy:
@@ -56,6 +122,9 @@ class ExpertPolicy:
     def __init__(self, tokenizer: Any, script: Callable[[Messages, str, Hashable], str], embed_dim: int = 8):
         self.tokenizer, self.script, self.embed_dim = tokenizer, script, embed_dim
         self.judge_rows: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def generate(self, prompts: list[Messages], kind: str,
                  keys: Sequence[Hashable] | None = None) -> list[Generation]:
@@ -73,6 +142,45 @@ class ExpertPolicy:
                                   logprobs=np.zeros(len(resp), np.float32),
                                   embedding=fake_embedding(text, self.embed_dim), finish_reason="stop"))
         return out
+
+
+def doors_script(tasks: Sequence[int], seed: int = 0) -> Callable[[Messages, str, Hashable], str]:
+    """The doors world's demonstrator: the right format, a uniformly random door. A policy that
+    imitates it is valid but weak (it wins with probability options^-doors): the learnability
+    tests' start, from which only RL can learn to read the key."""
+    def script(messages: Messages, kind: str, key: Hashable) -> str:
+        if kind == "strategy":
+            return "<strategy>open each door whose colour matches the key.</strategy>"
+        if kind == "judge":
+            return "<bad_steps>none</bad_steps>"
+        text = messages[-1]["content"]
+        doors = re.findall(r"'(open the \w+ door)'", text)
+        rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
+        return f"{THINK}<action>{doors[int(rng.integers(len(doors)))] if doors else 'look'}</action>"
+
+    return script
+
+
+def doors_kwargs(config: Any) -> dict:
+    e = config.env
+    return {"max_steps": int(e.max_steps), "doors": (int(e.horizon_min), int(e.horizon_max)),
+            "options": int(e.doors_options)}
+
+
+def demo_source(config: Any, tasks: Sequence[int], epsilon: float = 0.0):
+    """(a list of len(tasks) fresh envs, the demonstrator's script) for the built-in worlds.
+    Other environments take their demonstrations from a JSONL file (config.sft.demos)."""
+    name = config.env.name
+    if name == "household":
+        kw = household_kwargs(config)
+        return [HouseholdEnv(**kw) for _ in tasks], expert_script(list(tasks), kw, epsilon, int(config.seed))
+    if name == "doors":
+        from rollout.envs.doors import DoorsEnv
+
+        kw = doors_kwargs(config)
+        return [DoorsEnv(**kw) for _ in tasks], doors_script(list(tasks), int(config.seed))
+    raise ValueError(f"no built-in demonstrator for env.name={name!r}: give config.sft.demos (JSONL) "
+                     "or config.model.path")
 
 
 def household_kwargs(config: Any) -> dict:
@@ -95,10 +203,9 @@ def demo_rollout_config(config: Any) -> RolloutConfig:
 
 def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
     """Prompt and answer texts of expert episodes: what the tiny model's tokenizer is trained on."""
-    kw = household_kwargs(config)
     tasks = list(range(seed_offset, seed_offset + num_tasks))
     texts: list[str] = []
-    base = expert_script(tasks, kw)
+    envs, base = demo_source(config, tasks)
 
     def recording(messages, kind, key):
         answer = base(messages, kind, key)
@@ -106,7 +213,6 @@ def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
         texts.append(answer)
         return answer
 
-    envs = [HouseholdEnv(**kw) for _ in range(num_tasks)]
     collect(envs, ScriptedPolicy(recording), tasks, demo_rollout_config(config))
     return texts
 
@@ -130,10 +236,9 @@ def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
         return sft_rows(strata, tokenizer, tasks, judge_share) + sft_rows(flat, tokenizer, tasks, judge_share)
     if styles != "own":
         raise ValueError(f"config.sft.styles={styles!r}: choose 'own' or 'both'")
-    kw = household_kwargs(config)
-    policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw))
+    envs, script = demo_source(config, list(tasks), float(config.sft.epsilon))
+    policy = ExpertPolicy(tokenizer, script)
     cfg = demo_rollout_config(config)
-    envs = [HouseholdEnv(**kw) for _ in range(len(tasks))]
     res = collect(envs, policy, list(tasks), cfg)
     tb = res.tokens
     rows = []

@@ -83,6 +83,10 @@ class JaxPolicy:
     def num_compiles(self) -> int:
         return sum(s.num_compiles for s in self.samplers.values())
 
+    def decode(self, ids) -> str:
+        """Response ids -> text, as `generate` decodes them (collect maps the action's tokens with it)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
     def encode_prompt(self, messages: Messages) -> list[int]:
         return self.tokenizer.encode(render(messages, self.tokenizer), add_special_tokens=False)
 

@@ -89,6 +89,24 @@ def parse_action(text: str, admissible: Sequence[str] | None,
     return ParsedAction("", False, INADMISSIBLE)
 
 
+def action_content_span(text: str) -> tuple[int, int] | None:
+    """Character span [start, end) of the content of the single `<action>...</action>` in `text`
+    (whitespace trimmed), or None when there is no single tag or its content is blank: then the
+    format itself was wrong, not the command."""
+    if not isinstance(text, str) or len(_ACTION_OPEN.findall(text)) != 1:
+        return None
+    m = _ACTION.search(text)
+    if m is None:
+        return None
+    start, end = m.span(1)
+    body = text[start:end]
+    lead = len(body) - len(body.lstrip())
+    stripped = body.strip()
+    if not stripped:
+        return None
+    return start + lead, start + lead + len(stripped)
+
+
 def parse_strategy(text: str, budget_tokens: int | None = None) -> tuple[str, bool]:
     """(strategy z, malformed).
 

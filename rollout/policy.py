@@ -124,6 +124,11 @@ class ScriptedPolicy:
         self.vocab = vocab
         self.embed_dim = embed_dim
         self.calls: list[tuple[str, int]] = []
+        self._words: dict[int, str] = {}  # fake id -> word, for decode
+
+    def decode(self, ids) -> str:
+        """Fake ids back to their words, space-joined (ids this policy produced)."""
+        return " ".join(self._words[int(i)] for i in ids)
 
     def generate(self, prompts: list[Messages], kind: str,
                  keys: Sequence[Hashable] | None = None) -> list[Generation]:
@@ -138,6 +143,7 @@ class ScriptedPolicy:
         out = self.script(messages, kind, key)
         reply = out if isinstance(out, Reply) else Reply(str(out))
         response = fake_token_ids(reply.text, self.vocab)
+        self._words.update(zip(response.tolist(), reply.text.split()))
         if reply.mean_logprob is None:
             logp = fake_logprob(response)
         else:

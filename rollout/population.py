@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from rollout import report
 from rollout.ablate import LOSS_ONLY, SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
-from rollout.trainer import (Run, _diag_row, _gather, _loss_dict, _save_batch, _score_rows, advantage_params,
+from rollout.trainer import (Run, _diag_row, _loss_dict, has_signal, token_advantages, _save_batch, _score_rows, advantage_params,
                              check_window, eval_tasks, make_envs, num_tasks, rollout_config, run_evals,
                              task_types_of, train_tasks, trajectories_per_task, trim_rows)
 from strata_jax.advantages import compute_advantages
@@ -319,7 +319,8 @@ class Population:
         t2 = time.perf_counter()
         trajs = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *[o[0].traj for o in outs])
         adv, diag = self._adv(trajs, self.adv_params)  # [K, ...]
-        tbs = [_gather(adv.step[k], adv.strategy[k], jax.tree.map(jnp.asarray, outs[k][1])) for k in k_all]
+        tbs = [token_advantages(outs[k][0].traj, jax.tree.map(lambda x, k=k: x[k], adv), outs[k][1],
+                                jax.tree.map(lambda x, k=k: x[k], self.adv_params)) for k in k_all]
         diag = jax.device_get(diag)
         adv_s = time.perf_counter() - t2
 
@@ -373,7 +374,9 @@ class Population:
         n_steps = [0] * len(tbs)
         for j in range(max(len(m) for m in mbs)):
             width = max(m[j].tokens.shape[1] for m in mbs if j < len(m))
-            active = np.asarray([j < len(m) for m in mbs])
+            # a copy past its epoch, or (train.skip_no_signal) on a mini-batch without signal, keeps
+            # its state, as its separate run would (trainer.iteration_step)
+            active = np.asarray([j < len(m) and not (c.train.skip_no_signal and not has_signal(m[j])) for m in mbs])
             batch = stack_batches([pad_width(m[j], width, run.pad_id) if j < len(m)
                                    else idle_batch(m[0], width, run.pad_id) for m in mbs])
             self.state, metrics = self._step(self.state, batch, self.lam, active)

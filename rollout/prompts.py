@@ -7,18 +7,32 @@ no system message, so any chat template (including ones without a system role) a
 Step prompts are non-cumulative (ALGORITHMS 3.1): the current observation, the task line, the
 admissible actions and at most `history_length` recent steps, with the strategy z prepended. The
 prompt length therefore stays bounded however long the episode runs.
+
+(choice) From the second step on, a step prompt also repeats what the agent saw at the start (the
+first observation, without its banner and task line: the room's receptacles, and in the household
+world with `reveal_objects` where the task's objects are). With a short history that first
+observation is otherwise gone from step 3 on, and an agent without a strategy to carry it (GRPO,
+GiGPO, BEACON) cannot know where to go: every medium and long task was unsolvable by design.
+`env.show_first_observation = False` turns it off.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 Messages = list[dict[str, str]]
 
+FIRST_OBS_CHARS = 600  # the first observation, repeated as memory (ALFWorld's room lists fit)
 HISTORY_OBS_CHARS = 300  # recent steps are context, not the state: keep them short
 OBS_CHARS = 4000  # bound on the current observation (ALFWorld's are well under this)
 STRATEGY_WORDS = 60  # the plan length the strategy prompt asks for
 INTRO = "You are an agent in a text-based household environment."
+# The first line of every prompt, per environment (household and ALFWorld use INTRO).
+INTROS = {
+    "scienceworld": "You are an agent in a text-based science experiment environment.",
+    "doors": "You are an agent in a corridor of locked doors.",
+}
 
 
 def _user(text: str) -> Messages:
@@ -56,17 +70,33 @@ def strategy_prompt(task: str, observation: str, max_words: int = STRATEGY_WORDS
     )
 
 
+def first_observation_memory(observation: str) -> str:
+    """The first observation as a memory line: without TextWorld's welcome banner and without the
+    task sentence (the prompt states the task already), whitespace collapsed, clipped."""
+    text = str(observation)
+    text = re.sub(r"-=.*?=-", " ", text)  # "-= Welcome to TextWorld, ALFRED! =-"
+    text = re.split(r"Your task is to:", text, maxsplit=1)[0]
+    return _clip(text, FIRST_OBS_CHARS)
+
+
 def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
                 history: Sequence[tuple[str, str]] = (), strategy: str | None = None,
-                step: int = 0, history_length: int = 2, intro: str = INTRO) -> Messages:
-    """The prompt for step `step` (0-based): task, strategy, recent steps, observation, actions.
+                step: int = 0, history_length: int = 2, intro: str = INTRO,
+                first_observation: str | None = None) -> Messages:
+    """The prompt for step `step` (0-based): task, strategy, start memory, recent steps,
+    observation, actions.
 
     `history` is the list of (observation, action) pairs of the steps taken so far, oldest first;
-    only the last `history_length` are shown.
+    only the last `history_length` are shown. `first_observation` (the episode's first
+    observation) is repeated as a memory line from step 1 on (at step 0 it is the current one).
     """
     lines = [intro, f"Your task is to: {task}"]
     if strategy:
         lines.append(f"Your strategy for this episode: {strategy}")
+    if first_observation and step > 0:
+        memory = first_observation_memory(first_observation)
+        if memory:
+            lines.append(f"At the start you saw: {memory}")
     recent = list(history)[-history_length:] if history_length > 0 else []
     if recent:
         first = step - len(recent)

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # Curves drawn on the learning-curve figure, in this order, when present.
 CURVE_KEYS = (
-    "train/success", "eval/success", "eval_greedy/success", "train/episode_return", "train/esu",
+    "train/success", "train/episode_return", "train/esu",
     "train/car", "train/ccr", "train/invalid_rate", "train/episode_len", "update/loss",
     "update/kl", "update/clip_frac", "update/entropy", "update/grad_norm", "time/iteration_s",
     "time/sample_tok_s",
@@ -87,21 +87,47 @@ def _series(history: list[dict], key: str):
     return xs, ys
 
 
+EVAL_KEYS = (("eval/success", "sampled"), ("eval_greedy/success", "greedy"))
+
+
+def _eval_panel(ax, history: list[dict]) -> None:
+    """Held-out success over training, each line with its start (the warm start, iteration 0)
+    drawn as a dashed level and the gain over it written at the last point."""
+    for key, label in EVAL_KEYS:
+        xs, ys = _series(history, key)
+        if not xs:
+            continue
+        line, = ax.plot(xs, ys, marker="o", ms=4, lw=2, label=label)
+        ax.axhline(ys[0], color=line.get_color(), ls="--", lw=1, alpha=0.7)
+        ax.annotate(f"{ys[-1] - ys[0]:+.2f}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4),
+                    fontsize=9, color=line.get_color(), fontweight="bold")
+    ax.set_title("held-out success (dashed: start)", fontsize=10, fontweight="bold")
+    ax.set_xlabel("iteration", fontsize=8)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+
+
 def plot_learning_curves(history: list[dict], path: str | os.PathLike, title: str = "") -> bool:
-    """One panel per metric present in the history. Returns False if nothing to draw."""
+    """Held-out success first (with its start marked), then one panel per metric present in the
+    history. Returns False if nothing to draw."""
+    has_eval = any(_series(history, k)[0] for k, _ in EVAL_KEYS)
     keys = [k for k in CURVE_KEYS if _series(history, k)[0]]
-    if not keys:
+    if not keys and not has_eval:
         return False
     cols = 4
-    rows = -(-len(keys) // cols)
+    rows = -(-(len(keys) + has_eval) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    panels = list(axes.flat)
+    if has_eval:
+        _eval_panel(panels.pop(0), history)
+    for ax, key in zip(panels, keys):
         xs, ys = _series(history, key)
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("iteration", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in panels[len(keys):]:
         ax.axis("off")
     if title:
         fig.suptitle(title)

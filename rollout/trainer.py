@@ -26,7 +26,7 @@ from rollout.collect import RolloutConfig, collect
 from rollout.jax_policy import JaxPolicy
 from rollout.shards import merge_results, process_shards, shard_tasks, to_host
 from strata_jax import sharding
-from strata_jax.advantages import compute_advantages
+from strata_jax.advantages import compute_advantages, invalid_penalty
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages, pad_token_rows
 from strata_jax.checkpoint import Checkpointer
@@ -61,6 +61,10 @@ def env_kwargs(config, split: str | None = None) -> dict:
         from rollout.demos import household_kwargs
 
         return household_kwargs(config)
+    if e.name == "doors":
+        from rollout.demos import doors_kwargs
+
+        return doors_kwargs(config)
     if e.name == "alfworld":
         return {"data_dir": str(e.data_dir), "split": split or e.split, "max_steps": int(e.max_steps),
                 "milestones": config.algo.milestones, "cache_dir": str(e.cache_dir) or None}
@@ -101,7 +105,7 @@ def trajectories_per_task(config) -> int:
 
 
 def num_tasks(config, split: str) -> int | None:
-    if config.env.name == "household":
+    if config.env.name in ("household", "doors"):  # procedural: held-out tasks are seeds past eval_seed_offset
         return None
     from rollout.envs import make_env
 
@@ -188,7 +192,7 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     tok = load_tokenizer(init_dir)
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)
-    elif config.env.name == "household" or not config.model.path:
+    elif config.env.name in ("household", "doors") or not config.model.path:
         rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
         raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
@@ -351,6 +355,22 @@ _compute_advantages = jax.jit(compute_advantages, static_argnames=("algo",))
 _gather = jax.jit(gather_advantages)
 
 
+def token_advantages(traj: TrajectoryBatch, adv, tb: TokenBatch, adv_params: AdvantageParams) -> TokenBatch:
+    """The rollout's TokenBatch with each token's advantage filled in: the invalid penalty on the
+    tokens collect marked (TokenBatch.penalty_mask), the step / strategy advantage on the rest.
+    The mask is dropped afterwards: the update reads only `advantage`."""
+    tb = jax.tree.map(jnp.asarray, tb)
+    tb = _gather(adv.step, adv.strategy, tb, invalid_penalty(traj, adv_params))
+    return tb.replace(penalty_mask=None)
+
+
+def has_signal(mb: TokenBatch) -> bool:
+    """A mini-batch whose loss tokens all have advantage 0 carries no outcome signal: a step on it
+    would be the KL and weight-decay terms alone, which AdamW's normalisation turns into a step of
+    about lr per parameter (issue #13: ~0.1 nats of drift per row per iteration). Skipped."""
+    return bool(np.any(np.asarray(mb.advantage)[np.asarray(mb.loss_mask) & np.asarray(mb.row_valid)[:, None]] != 0))
+
+
 def trim_width(mask: np.ndarray, buckets) -> int:
     """The smallest length bucket holding every row of `mask` [S, L] (rows are left-padded, so the
     last `width` columns carry all tokens). Cutting a mini-batch to it saves the padding compute."""
@@ -481,15 +501,18 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
 
     t2 = time.perf_counter()
     adv = _compute_advantages(res.traj, run.adv_params, algo=config.algo.name)
-    tb = _gather(adv.step, adv.strategy, jax.tree.map(jnp.asarray, tb))
+    tb = token_advantages(res.traj, adv, tb, run.adv_params)
     diag = jax.device_get(compute_diagnostics(res.traj, adv))
     times["advantages"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
     rows = int(config.train.mini_batch_rows)
     sums: dict[str, float] = {}
-    n_steps = 0
+    n_steps = no_signal = 0
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
+        if config.train.skip_no_signal and not has_signal(mb):
+            no_signal += 1
+            continue
         mb = trim_rows(mb, config.train.length_buckets)
         check_window(np.asarray(mb.loss_mask), run.window)
         # Every process cut the same mini-batches from the same gathered batch (same seed).
@@ -517,6 +540,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
             row[f"update/{k}"] = sums[k] / max(n_steps, 1)
     row["update/skipped_total"] = float(np.asarray(run.state.skipped))
     row["update/steps"] = n_steps
+    row["update/no_signal_skipped"] = no_signal
     gen_tok = run.policy.tokens_generated - tok0
     row["time/sample_tok_s"] = gen_tok / max(run.policy.sample_seconds - s0, 1e-9)
     row["time/train_tok_s"] = float(np.asarray(tb.attention_mask).sum()) / max(times["update"], 1e-9)

@@ -127,6 +127,10 @@ class TokenBatch:
     advantage: jax.Array  # [S, L] f32, per-token advantage (filled by gather_advantages)
     row_index: jax.Array  # [S, 4] i32 (p, n, m, t)
     row_valid: jax.Array  # [S] bool
+    # [S, L] bool or None: the tokens an invalid step's penalty lands on (rollout/collect.py: the
+    # action content of an inadmissible action, the whole response of a format error). None = the
+    # whole response (the loss mask).
+    penalty_mask: jax.Array | None = None
 
     @property
     def is_strategy_row(self) -> jax.Array:
@@ -134,15 +138,30 @@ class TokenBatch:
         return self.row_index[:, 3] < 0
 
 
-def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: TokenBatch) -> TokenBatch:
-    """Copy each row's advantage (step [P,N,M,H] or strategy [P,N]) onto its loss-masked tokens."""
+def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: TokenBatch,
+                      penalty: jax.Array | None = None) -> TokenBatch:
+    """Copy each row's advantage (step [P,N,M,H] or strategy [P,N]) onto its loss-masked tokens.
+
+    `penalty` [P,N,M,H] (the invalid-action penalty inside `step_adv`, see
+    strata_jax.advantages.invalid_penalty): with it and a `tokens.penalty_mask`, the penalty lands
+    on the penalty-masked tokens only and the rest of the row gets the step's advantage without it.
+    Without either, every response token gets the whole step advantage.
+    """
     p, n, m, t = (tokens.row_index[:, i] for i in range(4))
     is_strat = t < 0
-    a_step = step_adv[p, n, m, jnp.maximum(t, 0)]  # [S]
+    tt = jnp.maximum(t, 0)
+    a_step = step_adv[p, n, m, tt]  # [S]
     a_str = strategy_adv[p, n]  # [S]
-    a = jnp.where(is_strat, a_str, a_step) * tokens.row_valid  # [S]
-    adv = jnp.where(tokens.loss_mask, a[:, None], 0.0).astype(jnp.float32)  # [S, L]
-    return tokens.replace(advantage=adv)
+    valid = tokens.row_valid
+    if penalty is None or tokens.penalty_mask is None:
+        a = jnp.where(is_strat, a_str, a_step) * valid  # [S]
+        adv = jnp.where(tokens.loss_mask, a[:, None], 0.0)  # [S, L]
+        return tokens.replace(advantage=adv.astype(jnp.float32))
+    pen = jnp.where(is_strat, 0.0, penalty[p, n, m, tt]) * valid  # [S]
+    base = jnp.where(is_strat, a_str, a_step + pen) * valid  # [S]: the step's advantage before the penalty
+    on_pen = tokens.loss_mask & tokens.penalty_mask
+    adv = jnp.where(tokens.loss_mask, base[:, None], 0.0) - jnp.where(on_pen, pen[:, None], 0.0)
+    return tokens.replace(advantage=adv.astype(jnp.float32))
 
 
 def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_rows: int,

@@ -373,6 +373,8 @@ def minibatches(batch: TokenBatch, rows: int, seed: int | None = None) -> Iterat
         take = np.where(real, idx, 0)
 
         def pick(x, name):
+            if x is None:  # an optional field left empty (TokenBatch.penalty_mask after the gather)
+                return None
             y = x[take]
             if name == "row_valid":
                 return y & real

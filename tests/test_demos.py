@@ -101,3 +101,43 @@ def test_sft_rows_in_both_styles_are_the_strategy_rows_plus_the_flat_rows(tokeni
     c.sft.styles = "nope"
     with pytest.raises(ValueError, match="sft.styles"):
         sft_rows(c, tokenizer, tasks)
+
+
+def test_epsilon_soft_expert_detours_recovers_and_judges_its_detours():
+    """Every action is admissible, every episode is still won (the detours cost steps only), the
+    detours are the steps its judgment lists, and epsilon 0 is the plain expert plan."""
+    from rollout.collect import RolloutConfig, collect
+    from rollout.demos import expert_script
+    from rollout.policy import ScriptedPolicy
+
+    kw = _kw(reveal_objects=True, max_steps=60)
+    tasks = list(range(60))
+    cfg = RolloutConfig(mode="flat", group_size=1, judgment=True, max_steps=60, progress=False)
+    plain = collect([HouseholdEnv(**kw) for _ in tasks], ScriptedPolicy(expert_script(tasks, kw)), tasks, cfg)
+    soft = collect([HouseholdEnv(**kw) for _ in tasks], ScriptedPolicy(expert_script(tasks, kw, 0.3, seed=1)),
+                   tasks, cfg)
+    for res in (plain, soft):
+        assert res.stats["success_rate"] == 1.0 and res.stats["invalid_rate"] == 0.0
+    detours = 0
+    for p, (a, b) in enumerate(zip(plain.texts["trajectories"], soft.texts["trajectories"])):
+        assert [s["action"] for s in a["steps"]] == solve(tasks[p], **kw)
+        assert a["judge"] == "<bad_steps>none</bad_steps>"
+        acts = [s["action"] for s in b["steps"]]
+        listed = re.findall(r"\d+", b["judge"])
+        bad = {int(k) for k in listed}
+        detours += len(bad)
+        # replay: a detour is followed by a walk back unless the plan's next command is a go-to;
+        # everything else is the plan, in order
+        plan, j, walk_back = solve(tasks[p], **kw), 0, False
+        for i, x in enumerate(acts, 1):
+            if walk_back:
+                assert x.startswith("go to "), (p, acts)
+                walk_back = False
+            elif i in bad:
+                assert x in ("look", "inventory") or x.startswith("go to "), (p, acts)
+                walk_back = x.startswith("go to ") and not plan[j].startswith("go to ")
+            else:
+                assert x == plan[j], (p, i, acts, plan)
+                j += 1
+        assert j == len(plan)
+    assert 0.2 < detours / sum(len(solve(t, **kw)) for t in tasks) < 0.7  # about eps / (1 - eps)

@@ -76,3 +76,44 @@ def test_render_applies_chat_template_with_generation_prompt():
     msgs = step_prompt("t", "o", ["look"])
     out = render(msgs, _chat_tokenizer())
     assert out == f"<|im_start|>user\n{msgs[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_step_prompt_repeats_the_first_observation_from_the_second_step():
+    first = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
+             "around you, you see a cabinet 1, and a desk 1. The pen 1 is in the cabinet 1.\n\n"
+             "Your task is to: put a pen in desk.")
+    at0 = _content(step_prompt("put a pen in desk.", first, ["go to cabinet 1"], step=0, first_observation=first))
+    assert "At the start you saw" not in at0  # step 0: it is the current observation
+    later = _content(step_prompt("put a pen in desk.", "You arrive at desk 1.", ["look"], history=HIST[:1],
+                                 step=1, history_length=1, first_observation=first))
+    line = next(ln for ln in later.splitlines() if ln.startswith("At the start you saw: "))
+    assert line == ("At the start you saw: You are in the middle of a room. Looking quickly around you, "
+                    "you see a cabinet 1, and a desk 1. The pen 1 is in the cabinet 1.")
+    assert "Welcome" not in later and later.count("Your task is to:") == 1
+    off = _content(step_prompt("t", "o", ["look"], step=3, first_observation=None))
+    assert "At the start" not in off
+
+
+def test_household_prompts_keep_revealed_locations_every_step():
+    """With history 1 the revealed locations used to leave the prompt from step 3 on (issue #13)."""
+    from rollout.collect import RolloutConfig, collect
+    from rollout.demos import expert_script
+    from rollout.envs.household import HouseholdEnv
+    from rollout.policy import ScriptedPolicy
+
+    kw = dict(max_steps=12, horizon=(8, 8), reveal_objects=True)
+    seen = []
+    base = expert_script([5], kw)
+
+    def script(msgs, kind, key):
+        seen.append(msgs[-1]["content"])
+        return base(msgs, kind, key)
+
+    cfg = RolloutConfig(mode="flat", group_size=1, judgment=False, max_steps=12, history_length=1, progress=False)
+    collect([HouseholdEnv(**kw)], ScriptedPolicy(script), [5], cfg)
+    import re
+
+    reveal = re.findall(r"The \w+ \d+ is (?:in|on) the \w+ \d+\.", seen[0])
+    assert reveal and len(seen) == 8
+    for text in seen[1:]:
+        assert all(r in text for r in reveal)

@@ -14,11 +14,12 @@ REGISTRY = {
     "household": ("rollout.envs.household", "HouseholdEnv"),
     "alfworld": ("rollout.envs.alfworld", "AlfWorldEnv"),
     "scienceworld": ("rollout.envs.scienceworld", "ScienceWorldEnv"),
+    "doors": ("rollout.envs.doors", "DoorsEnv"),
 }
 
 
 def make_env(name: str, **kwargs) -> TextEnv:
-    """Build the environment `name` (household | alfworld | scienceworld) with its kwargs."""
+    """Build the environment `name` (household | alfworld | scienceworld | doors) with its kwargs."""
     if name not in REGISTRY:
         raise ValueError(f"unknown environment {name!r}; allowed: {', '.join(REGISTRY)}")
     module, cls = REGISTRY[name]

@@ -27,7 +27,7 @@ ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 # Algorithms where stats_over_steps is wired (trajectory-level statistics of GRPO / GiGPO A^E).
 _STEP_WEIGHTED = ("grpo", "gigpo")
 
-__all__ = ["ALGOS", "AdvantageParams", "Advantages", "compute_advantages", "stack_params"]
+__all__ = ["ALGOS", "AdvantageParams", "Advantages", "compute_advantages", "invalid_penalty", "stack_params"]
 
 
 @struct.dataclass
@@ -65,7 +65,14 @@ def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: st
     return Advantages(step=_finalize(step, batch, params), strategy=strategy)
 
 
+def invalid_penalty(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
+    """[P, N, M, H] f32: the invalid-action penalty each step's advantage carries (0 elsewhere).
+    `gather_advantages` uses it to put the penalty on the wrong tokens only (TokenBatch.penalty_mask)."""
+    pen = params.invalid_penalty * batch.invalid.astype(jnp.float32)
+    return jnp.where(batch.step_mask, pen, 0.0).astype(jnp.float32)
+
+
 def _finalize(step: jax.Array, batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
     """Invalid penalty on invalid steps (after normalisation), 0 on padded steps."""
-    step = step - params.invalid_penalty * batch.invalid.astype(jnp.float32)
+    step = step - invalid_penalty(batch, params)
     return jnp.where(batch.step_mask, step, 0.0).astype(jnp.float32)
