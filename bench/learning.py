@@ -10,6 +10,12 @@ bucket (short L* <= 4, medium 5..7, long >= 8).
 
     python bench/learning.py --out runs/learning [--seeds 0,1,2] [--iterations 10]
         [--algos grpo,gigpo,strata,beacon,strata+beacon] [--sft-steps 600] [--horizon 2,8]
+    python bench/learning.py --default --out runs/default [--seeds 0,1,2]
+
+`--default` measures the embedded default instead (README command 1, `configs/tiny_household.py`
+as it is, each seed from its own SFT, exactly `python launch.py --config.seed=S`) and prints one
+comparable figure: the held-out success gain over the SFT start, mean ± sd over the seeds, with
+each seed's gain (`default_gain.json` beside the runs).
 
 Runs one after another in this process (programs compile once and are reused across runs). A
 finished run (its metrics.jsonl reaches the last iteration) is skipped, so an interrupted study
@@ -172,8 +178,40 @@ def plots(results: dict, algos, seeds, out: pathlib.Path) -> None:
     plt.close(fig)
 
 
+def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
+    """Train the embedded default once per seed (resumable) -> gains and the figure's line."""
+    import numpy as np
+
+    from configs.tiny_household import get_config
+    from rollout import trainer
+
+    runs = {}
+    for s in seeds:
+        c = get_config()
+        c.seed = int(s)
+        c.log.progress = progress
+        wd = out / f"default_s{s}"
+        t1 = time.perf_counter()
+        if not finished(wd, int(c.iterations)):
+            trainer.train(c, wd)
+        r = summarise(read_metrics(wd))
+        runs[s] = {k: r[k] for k in ("eval_start", "eval_end", "greedy_start", "greedy_end")}
+        runs[s]["gain"] = r["eval_end"] - r["eval_start"]
+        runs[s]["greedy_gain"] = (r["greedy_end"] - r["greedy_start"]) if r["greedy_start"] is not None else None
+        print(f"seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
+              f"(greedy {r['greedy_start']:.3f} -> {r['greedy_end']:.3f}), {time.perf_counter() - t1:.0f} s", flush=True)
+    gains = np.asarray([runs[s]["gain"] for s in seeds])
+    line = (f"embedded default held-out success gain: {gains.mean():+.3f} ± {gains.std():.3f} over seeds "
+            f"{list(seeds)} (each: {', '.join(f'{g:+.3f}' for g in gains)}; min {gains.min():+.3f})")
+    (out / "default_gain.json").write_text(json.dumps({"runs": runs, "mean": float(gains.mean()),
+                                                       "sd": float(gains.std()), "line": line}, indent=1))
+    return {"runs": runs, "line": line}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--default", action="store_true",
+                   help="measure the embedded default (configs/tiny_household.py) per seed: the gain figure")
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--algos", default=",".join(ALGOS))
     p.add_argument("--seeds", default="0,1,2")
@@ -193,6 +231,9 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.default:
+        print(default_gains(seeds, out, bool(args.progress))["line"])
+        return
 
     from tqdm.auto import tqdm
 

@@ -12,6 +12,8 @@ import ml_collections as mlc
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 ENVS = ("household", "alfworld", "scienceworld", "doors")
+# Worlds for testing the pipeline, not for studies: no <algo>_<env>.py config files.
+TEST_ENVS = ("doors",)
 CHOICES = {
     "algo.name": ALGOS,
     "algo.milestones": ("facts", "expert_plan"),

@@ -99,7 +99,7 @@ def _eval_panel(ax, history: list[dict]) -> None:
             continue
         line, = ax.plot(xs, ys, marker="o", ms=4, lw=2, label=label)
         ax.axhline(ys[0], color=line.get_color(), ls="--", lw=1, alpha=0.7)
-        ax.annotate(f"{ys[-1] - ys[0]:+.2f}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4),
+        ax.annotate(f"{ys[-1] - ys[0]:+.2f}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(-34, 6),
                     fontsize=9, color=line.get_color(), fontweight="bold")
     ax.set_title("held-out success (dashed: start)", fontsize=10, fontweight="bold")
     ax.set_xlabel("iteration", fontsize=8)
