@@ -8,7 +8,8 @@
     python launch.py ablate --train --workdir runs/pop --grid delta=0.25,0.5   # train 2 copies in one vmapped program
     python launch.py export --workdir runs/x --out exported/   # Hugging Face format
 
-Every mode validates the config before any work; an unknown key or a bad value names the key.
+Every mode validates the config before any work: a missing config file, an unknown key (with its
+close matches), a bad value or an option that is not built yet is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # transformers' "PyTorch was not found" advice: we use its tokenizers and configs only.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     problem = check_command_line(sys.argv[1:])
     if problem:
         _fail(f"config error: {problem}")
