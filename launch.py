@@ -8,7 +8,8 @@
     python launch.py ablate --train --workdir runs/pop --grid delta=0.25,0.5   # train 2 copies in one vmapped program
     python launch.py export --workdir runs/x --out exported/   # Hugging Face format
 
-Every mode validates the config before any work; an unknown key or a bad value names the key.
+Every mode validates the config before any work: a missing config file, an unknown key (with its
+close matches), a bad value or an option that is not built yet is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -22,17 +23,25 @@ from ml_collections import config_flags
 
 REPO = pathlib.Path(__file__).resolve().parent
 MODES = ("train", "eval", "sft", "ablate", "export")
-
-config_flags.DEFINE_config_file(
-    "config", str(REPO / "configs" / "tiny_household.py"), "Experiment config file.", lock_config=True)
-flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, plots). Default: runs/<config name>.")
-flags.DEFINE_multi_string("grid", [], "ablate: NAME=v1,v2,... (delta, kappa, gamma, beacon_gamma, lam_strategy, "
-                          "lam_seg, omega, invalid_penalty); repeat for a product grid.")
-flags.DEFINE_bool("train", False, "ablate: train one copy of the model per grid point, all in one vmapped "
-                  "program (rollout/population.py), instead of re-scoring a run's saved batches.")
-flags.DEFINE_string("out", None, "export: output directory for the Hugging Face model.")
-flags.DEFINE_bool("dry_run", False, "Validate and print the resolved config, then exit.")
+DEFAULT_CONFIG = REPO / "configs" / "tiny_household.py"
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Define the command-line flags (called from __main__, after `check_command_line`).
+
+    Not at import: ml_collections parses the config file and the `--config.a.b=v` overrides in
+    sys.argv while DEFINE_config_file runs, so a typo would end in its traceback before any check
+    of ours could name it in one line.
+    """
+    config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "Experiment config file.", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, plots). Default: runs/<config name>.")
+    flags.DEFINE_multi_string("grid", [], "ablate: NAME=v1,v2,... (delta, kappa, gamma, beacon_gamma, lam_strategy, "
+                              "lam_seg, omega, invalid_penalty); repeat for a product grid.")
+    flags.DEFINE_bool("train", False, "ablate: train one copy of the model per grid point, all in one vmapped "
+                      "program (rollout/population.py), instead of re-scoring a run's saved batches.")
+    flags.DEFINE_string("out", None, "export: output directory for the Hugging Face model.")
+    flags.DEFINE_bool("dry_run", False, "Validate and print the resolved config, then exit.")
 
 
 def _workdir(config) -> pathlib.Path:
@@ -51,7 +60,8 @@ def main(argv: list[str]) -> int:
 
     rest = argv[1:]
     if len(rest) > 1 or (rest and rest[0] not in MODES):
-        raise app.UsageError(f"unknown mode {' '.join(rest)!r}; choose one of {list(MODES)}")
+        print(f"usage error: unknown mode {' '.join(rest)!r}; choose one of {list(MODES)}", file=sys.stderr)
+        return 2
     mode = rest[0] if rest else "train"
     config = FLAGS.config
     try:
@@ -63,7 +73,9 @@ def main(argv: list[str]) -> int:
         print(config)
         return 0
     if FLAGS.train and mode != "ablate":
-        raise app.UsageError("--train belongs to the ablate mode: launch.py ablate --train --grid NAME=v1,v2")
+        print("usage error: --train belongs to the ablate mode: launch.py ablate --train --grid NAME=v1,v2",
+              file=sys.stderr)
+        return 2
     if mode == "ablate":  # a bad grid fails before any model is built
         from rollout.ablate import parse_grid
         from rollout.population import parse_train_grid
@@ -72,6 +84,10 @@ def main(argv: list[str]) -> int:
             (parse_train_grid if FLAGS.train else parse_grid)(FLAGS.grid)
         except ValueError as e:
             print(f"grid error: {e}", file=sys.stderr)
+            return 2
+        if FLAGS.train and config.mesh.rollout_shards > 1:  # rollout/population.py would refuse it after SFT
+            print(f"config error: ablate --train collects each copy's rollouts as one shard; "
+                  f"config.mesh.rollout_shards={config.mesh.rollout_shards}: set it to 0 or 1", file=sys.stderr)
             return 2
     workdir = _workdir(config)
     from rollout import trainer  # heavy imports (jax, transformers) only after validation
@@ -93,32 +109,41 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def check_override_keys(argv: list[str]) -> str | None:
-    """Name the first `--config.a.b=v` whose key the config file does not have (None if all exist).
-
-    ml_collections would fail on it too, but with a bare AttributeError deep in absl.
-    """
-    import difflib
-    import importlib.util
-
-    path = str(REPO / "configs" / "tiny_household.py")
-    keys = []
+def _config_path(argv: list[str]) -> str:
+    """The config file argument as ml_collections reads it (the last --config wins)."""
+    path = str(DEFAULT_CONFIG)
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
             path = arg.split("=", 1)[1]
         elif arg == "--config" and i + 1 < len(argv):
             path = argv[i + 1]
-        elif arg.startswith("--config."):
-            keys.append(arg[len("--config."):].split("=", 1)[0])
-    if not keys:
-        return None
-    sys.path.insert(0, str(REPO))
-    spec = importlib.util.spec_from_file_location("_cfg_check", path)
-    if spec is None or not os.path.exists(path):
+    return path
+
+
+def check_command_line(argv: list[str]) -> str | None:
+    """Name the first problem ml_collections would otherwise report as a traceback (None if none).
+
+    The config file must exist and load; every `--config.a.b=v` key must be in it (close matches
+    are suggested). Values are checked by the flag parser (`_parse_flags`) and by `validate()`.
+    """
+    import difflib
+    import importlib.util
+    import re
+
+    spec_arg = _config_path(argv)
+    path, *config_args = spec_arg.split(":", 1)  # ml_collections passes "file.py:arg" to get_config
+    if not os.path.isfile(path):
         return f"config file {path!r} not found"
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    sys.path.insert(0, str(REPO))  # config files import configs.base
+    try:
+        spec = importlib.util.spec_from_file_location("_cfg_check", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = module.get_config(*config_args)
+    except Exception as e:  # noqa: BLE001 (any failure of the user's file is reported, in one line)
+        return f"config file {spec_arg!r} failed to load: {type(e).__name__}: {_one_line(e)}"
+    # The override forms ml_collections accepts: -config.k=v, --config.k=v, --noconfig.k (booleans).
+    keys = [m.group(1) for m in map(re.compile(r"^--?(?:no)?config\.([^=]+)").match, argv) if m]
     for key in keys:
         node = config
         for depth, part in enumerate(key.split(".")):
@@ -132,10 +157,35 @@ def check_override_keys(argv: list[str]) -> str | None:
     return None
 
 
+def _one_line(e) -> str:
+    """An exception's message on one line (ml_collections' messages span several)."""
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parse, but a bad flag (e.g. --config.algo.delta=abc) is one line and exit code 2."""
+    try:
+        return FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 (flags.Error, or ml_collections' own errors while parsing)
+        message = _one_line(e)
+        _fail(f"{'config' if 'config' in message else 'command line'} error: {message}")
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    problem = check_override_keys(sys.argv[1:])
+    # transformers' "PyTorch was not found" advice: we use its tokenizers and configs only.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    problem = check_command_line(sys.argv[1:])
     if problem:
-        print(f"config error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    app.run(main)
+        _fail(f"config error: {problem}")
+    try:
+        define_flags()
+    except Exception as e:  # noqa: BLE001 (ml_collections parses the default config and overrides here)
+        _fail(f"config error: {_one_line(e)}")
+    app.run(main, flags_parser=_parse_flags)

@@ -102,7 +102,7 @@ def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats:
         path = make_tiny_model(os.path.join(d, "tiny"))
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         (graphdef, params), cfg = load_hf_model(path, split=True)
-    torch.set_num_threads(cores)  # after make_tiny_model, which sets 1 thread
+    torch.set_num_threads(cores)  # the reference runs on every core the JAX sampler gets
     sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
                                               batch_buckets=tuple(batches), pad_id=0))
     sp = SamplingParams(temperature=1.0)

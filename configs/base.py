@@ -237,16 +237,36 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
             "set --config.algo.judgment=False")
     if c.env.reveal_objects and c.env.name != "household":
         raise ConfigError(f"config.env.reveal_objects=True is only wired for env.name='household', not {c.env.name!r}")
-    if c.algo.judge_train:
-        raise ConfigError("config.algo.judge_train=True is not wired yet: judgment tokens cannot be trained")
-    if c.algo.name.startswith("strata") is False and c.algo.revise_every:
-        raise ConfigError("config.algo.revise_every only applies to strata and strata+beacon")
+    _refuse_unbuilt(c)
+    if not 0.0 < c.train.eps_low < 1.0 or c.train.eps_high <= 0:
+        raise ConfigError(f"config.train.eps_low={c.train.eps_low!r} must be in (0, 1) and "
+                          f"config.train.eps_high={c.train.eps_high!r} > 0")
+    if c.train.dual_clip <= 1:
+        raise ConfigError(f"config.train.dual_clip={c.train.dual_clip!r} must be > 1")
+    for key in ("sampling.prompt_buckets", "sampling.batch_buckets", "train.length_buckets"):
+        b = tuple(_get(c, key))
+        ints = all(isinstance(x, int) and not isinstance(x, bool) for x in b)
+        if not b or not ints or list(b) != sorted(set(b)) or b[0] < 1:
+            raise ConfigError(f"config.{key}={b!r} must be strictly ascending positive ints")
     _validate_mesh(c)
     if c.train.micro_batches > c.train.mini_batch_rows or c.train.mini_batch_rows % c.train.micro_batches:
         raise ConfigError(
             f"config.train.micro_batches={c.train.micro_batches} must divide "
             f"config.train.mini_batch_rows={c.train.mini_batch_rows}")
     return c
+
+
+def _refuse_unbuilt(c: mlc.ConfigDict) -> None:
+    """Options that exist in the config but have no code behind them yet: refused before any work,
+    never ignored, and never left to fail at rollout time after the SFT warm start."""
+    if c.algo.judge_train:
+        raise ConfigError("config.algo.judge_train=True is not wired yet: judgment tokens cannot be trained")
+    if c.algo.revise_every:
+        raise ConfigError(f"config.algo.revise_every={c.algo.revise_every!r}: strategy revision is not built yet "
+                          "(issue #15); set it to 0")
+    if c.algo.milestones != "facts" and c.env.name != "alfworld":
+        raise ConfigError(f"config.algo.milestones={c.algo.milestones!r} is only wired for env.name='alfworld', "
+                          f"not {c.env.name!r} (its milestones come from the environment)")
 
 
 def _validate_mesh(c: mlc.ConfigDict) -> None:

@@ -49,6 +49,12 @@ def test_config_validates(path):
     ("env.name", "webshop", "config.env.name='webshop'"),
     ("algo.kappa", -1.0, "config.algo.kappa=-1.0 must be >= 0"),
     ("algo.judge_train", True, "judge_train=True is not wired"),
+    ("algo.revise_every", 3, "config.algo.revise_every=3: strategy revision is not built yet"),
+    ("algo.milestones", "expert_plan", "config.algo.milestones='expert_plan' is only wired for env.name='alfworld'"),
+    ("train.eps_low", 1.0, "config.train.eps_low=1.0 must be in (0, 1)"),
+    ("train.dual_clip", 1.0, "config.train.dual_clip=1.0 must be > 1"),
+    ("sampling.prompt_buckets", (256, 128), "config.sampling.prompt_buckets=(256, 128) must be strictly ascending"),
+    ("train.length_buckets", (0, 128), "config.train.length_buckets=(0, 128) must be strictly ascending"),
 ])
 def test_bad_values_name_the_key(key, value, fragment):
     c = base_config()
@@ -57,6 +63,17 @@ def test_bad_values_name_the_key(key, value, fragment):
     with pytest.raises(ConfigError) as e:
         validate(c)
     assert fragment in str(e.value)
+
+
+def test_unbuilt_options_fail_for_every_algorithm():
+    for algo in ALGOS:
+        c = base_config()
+        c.algo.name, c.algo.judgment, c.algo.revise_every = algo, algo.startswith("strata"), 2
+        with pytest.raises(ConfigError, match="revise_every=2: strategy revision is not built yet"):
+            validate(c)
+    c = base_config()
+    c.env.name, c.algo.milestones = "alfworld", "expert_plan"  # built there: accepted
+    validate(c)
 
 
 def test_judgment_on_a_flat_algorithm_fails_loudly():

@@ -124,6 +124,80 @@ def test_default_tiny_model_size(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# The tiny model maker's weights (made in JAX) against transformers
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_tiny_model_loads_in_transformers_with_equal_logits(tiny, arch):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(tiny[arch]))
+    assert type(config).__name__ == {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}[arch]
+    model, info = AutoModelForCausalLM.from_pretrained(str(tiny[arch]), dtype=torch.float32,
+                                                       output_loading_info=True)
+    # Nothing left to transformers' random init: every tensor came from the file.
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch]
+    if arch == "llama":
+        assert model.config.rope_parameters["rope_type"] == "llama3"
+        assert model.config.rope_parameters["rope_theta"] == 1e4
+    ours, cfg = hf.load_hf_model(tiny[arch])
+    tokens, pos, mask = _batch(cfg.vocab_size)
+    theirs = _torch_logits(tiny[arch], tokens, pos, mask)
+    assert np.abs(_our_logits(ours, tokens, pos, mask) - theirs)[mask].max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_tiny_model_init_follows_transformers_scheme(tmp_path, arch):
+    """Tensor by tensor, our init has the statistics of transformers' own init of the same config."""
+    from transformers import AutoConfig
+
+    kw = dict(SMALL, hidden_size=64, intermediate_size=128)
+    extra = {"attention_bias": True} if arch == "llama" else {}  # biases on every projection
+    path = make_tiny_model(tmp_path / arch, arch, TEXTS, tie=False, **kw, **extra)
+    ours = hf.read_safetensors(path / "model.safetensors")
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path))).state_dict()
+    ref = {k: v.numpy() for k, v in ref.items() if not k.endswith("rotary_emb.inv_freq")}
+    assert set(ours) == set(ref)
+    std = json.loads((path / "config.json").read_text())["initializer_range"]
+    assert std == 0.02
+    pad = json.loads((path / "config.json").read_text())["pad_token_id"]
+    kernels = 0
+    for name, theirs in ref.items():
+        mine = np.asarray(ours[name], np.float32)
+        assert mine.shape == theirs.shape, name
+        if name.endswith("norm.weight"):
+            assert np.all(mine == 1) and np.all(theirs == 1), name
+        elif name.endswith(".bias"):
+            assert np.all(mine == 0) and np.all(theirs == 0), name
+        else:  # Linear weights and the embedding: normal(0, initializer_range)
+            if name == "model.embed_tokens.weight":  # nn.Embedding(padding_idx=pad_token_id) zeroes that row
+                assert np.all(mine[pad] == 0) and np.all(theirs[pad] == 0)
+                mine, theirs = np.delete(mine, pad, 0), np.delete(theirs, pad, 0)
+            n = mine.size
+            assert abs(mine.std() - std) < 5 * std / np.sqrt(2 * n), (name, mine.std())
+            assert abs(theirs.std() - std) < 5 * std / np.sqrt(2 * n), (name, theirs.std())
+            assert abs(mine.mean()) < 5 * std / np.sqrt(n), (name, mine.mean())
+            kernels += 1
+    assert kernels == 2 + 7 * kw["layers"]  # embedding, lm_head, q/k/v/o/gate/up/down per layer
+    # Deterministic from the seed; another seed gives other weights.
+    again = hf.read_safetensors(make_tiny_model(tmp_path / "again", arch, TEXTS, tie=False, **kw, **extra)
+                                / "model.safetensors")
+    other = hf.read_safetensors(make_tiny_model(tmp_path / "other", arch, TEXTS, tie=False, seed=7, **kw, **extra)
+                                / "model.safetensors")
+    assert all(np.array_equal(ours[k], again[k]) for k in ours)
+    assert not np.array_equal(ours["lm_head.weight"], other["lm_head.weight"])
+
+
+def test_tiny_model_refuses_overrides_the_decoder_ignores(tmp_path):
+    from strata_jax.models.tiny import TinyModelError
+
+    with pytest.raises(TinyModelError, match="sliding_window_size"):
+        make_tiny_model(tmp_path / "m", "qwen2", TEXTS, sliding_window_size=4, **SMALL)
+
+
+# ----------------------------------------------------------------------------------------------
 # Export round trip
 
 

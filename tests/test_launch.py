@@ -162,3 +162,45 @@ def test_export_loads_in_transformers_with_equal_logits(straight_run, sft_model,
     before, after = read_safetensors(sft_model / "model.safetensors"), read_safetensors(out / "model.safetensors")
     assert set(before) == set(after)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad command lines: one line on stderr, exit code 2, before any work
+
+
+def typed(*args, cwd=REPO):
+    """`python launch.py ARGS` exactly as a user types it (no config added)."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "launch.py", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args,names", [
+    (["--config.algo.deltaa=0.3"], ["config.algo.deltaa", "did you mean ['delta']"]),
+    (["--noconfig.algo.judgmen"], ["config.algo.judgmen", "'judgment'"]),
+    (["--config", "configs/strata_alfworld.py", "--config.env.max_step=9"], ["config.env.max_step", "'max_steps'"]),
+    (["--config.algo.delta=abc"], ["--config.algo.delta=abc", "could not convert string to float: 'abc'"]),
+    (["--config.algo.name=foo"], ["config.algo.name='foo'", "'strata'"]),
+    (["--config=configs/nope.py"], ["config file 'configs/nope.py' not found"]),
+    (["--workdirr=x"], ["'workdirr'", "workdir"]),
+    (["fly"], ["unknown mode 'fly'", "'train'"]),
+], ids=["unknown-key", "unknown-bool-key", "unknown-key-other-file", "bad-float", "bad-choice", "no-config-file",
+        "unknown-flag", "unknown-mode"])
+def test_bad_command_line_is_one_line(args, names, tmp_path):
+    r = typed(*args, "--workdir", str(tmp_path / "run"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr)
+    assert lines[0].startswith(("config error: ", "command line error: ", "usage error: "))
+    for name in names:
+        assert name in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_unbuilt_option_fails_before_any_work(tmp_path):
+    """revise_every passes nothing to the rollout: refused by validate(), before the model or SFT."""
+    r = typed("--config.algo.revise_every=3", "--workdir", str(tmp_path / "run"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr)
+    assert "config.algo.revise_every=3" in lines[0] and "not built yet" in lines[0]
+    assert not (tmp_path / "run").exists()  # no workdir, so no tiny model and no SFT

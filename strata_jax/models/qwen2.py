@@ -146,7 +146,9 @@ class ModelConfig:
 
     def to_hf(self) -> dict:
         """The transformers 5 config.json dict for this model (used by export)."""
-        rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
+        # Stored as floats (hashable, uniform); transformers wants the context length an int.
+        extra = {k: int(v) if k == "original_max_position_embeddings" else v for k, v in self.rope_scaling}
+        rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **extra}
         out = {
             "model_type": self.arch,
             "architectures": ["Qwen2ForCausalLM" if self.arch == "qwen2" else "LlamaForCausalLM"],

@@ -10,6 +10,10 @@ Tokenizers:
   regex), so ids round-trip through AutoTokenizer. Every byte is in the alphabet: any text encodes.
 - "sentencepiece" (default for llama): a sentencepiece BPE model with byte fallback, saved as
   tokenizer.model only, so loading exercises transformers' sentencepiece conversion.
+
+Weights: our own NNX decoder, initialised with jax.random in transformers' scheme (`init_params`)
+and written by `strata_jax.models.hf.export_hf`. No torch: it is a test-only dependency, and this
+module runs on a user's first `python launch.py`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,16 @@ DEFAULT_TEXTS = (
     "<think>I should look for the apple on the countertop.</think> <action>go to countertop 1</action>",
 )
 
-_ARCH_CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+
+# Config keys `ModelConfig.from_hf` reads: an override outside these would reach transformers'
+# config.json but not our decoder, so the two would disagree; it is refused instead.
+_READ_KEYS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "tie_word_embeddings",
+    "attention_bias", "mlp_bias", "use_sliding_window", "max_position_embeddings", "initializer_range",
+    "rope_theta", "rope_parameters", "rope_scaling", "bos_token_id", "eos_token_id", "pad_token_id",
+})
 
 
 class TinyModelError(ValueError):
@@ -51,14 +64,20 @@ def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None
                     tokenizer: str | None = None, **overrides) -> pathlib.Path:
     """Write a random-weight HF model + trained tokenizer to out_dir and return it.
 
-    `overrides` go straight into the transformers config (e.g. head_dim, rope_parameters,
-    max_position_embeddings). `tokenizer`: "bpe" | "sentencepiece" (default by arch).
+    `overrides` go straight into the config.json dict (e.g. head_dim, rope_parameters,
+    rope_scaling, max_position_embeddings, initializer_range). `tokenizer`: "bpe" | "sentencepiece"
+    (default by arch). The weights follow transformers' init scheme, drawn with jax.random from `seed`
+    (`init_params`); no torch is needed.
     """
-    if arch not in _ARCH_CLASSES:
-        raise TinyModelError(f"arch {arch!r} is not supported; supported: {sorted(_ARCH_CLASSES)}")
+    if arch not in _ARCHITECTURES:
+        raise TinyModelError(f"arch {arch!r} is not supported; supported: {sorted(_ARCHITECTURES)}")
     kind = tokenizer or ("bpe" if arch == "qwen2" else "sentencepiece")
     if kind not in ("bpe", "sentencepiece"):
         raise TinyModelError(f"tokenizer {kind!r}: expected 'bpe' or 'sentencepiece'")
+    unknown = sorted(set(overrides) - _READ_KEYS)
+    if unknown:
+        raise TinyModelError(f"config overrides {unknown} are not read by strata_jax's decoder "
+                             f"(ModelConfig.from_hf); allowed: {sorted(_READ_KEYS)}")
     texts = list(texts) if texts else list(DEFAULT_TEXTS)
     if not all(isinstance(t, str) for t in texts):
         raise TinyModelError("texts must be a list of str")
@@ -69,24 +88,65 @@ def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None
         raise TinyModelError(f"vocab_size={vocab_size} is smaller than the tokenizer ({len(tok)} tokens)")
     ids = {k: tok.convert_tokens_to_ids(getattr(tok, k.replace("_id", ""))) for k in
            ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tok, k.replace("_id", ""), None)}
-    config = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=layers,
-                  num_attention_heads=heads, num_key_value_heads=kv_heads,
-                  intermediate_size=intermediate_size, tie_word_embeddings=tie, rope_theta=rope_theta,
+    config = dict(model_type=arch, architectures=[_ARCHITECTURES[arch]], vocab_size=vocab_size,
+                  hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, intermediate_size=intermediate_size, hidden_act="silu",
+                  rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=tie, rope_theta=rope_theta,
                   max_position_embeddings=4096, **ids)
+    if arch == "llama":
+        config.update(attention_bias=False, mlp_bias=False)
     config.update(overrides)
-    _save_torch_model(out, arch, config, seed)
+    _save_jax_model(out, config, seed)
     return out
 
 
-def _save_torch_model(out: pathlib.Path, arch: str, config: dict, seed: int) -> None:
-    import torch
-    import transformers
+def _save_jax_model(out: pathlib.Path, config: dict, seed: int) -> None:
+    """Initialise our decoder from the config dict and write it with our own HF export."""
+    from strata_jax.models.hf import export_hf
+    from strata_jax.models.qwen2 import ModelConfig
 
-    torch.set_num_threads(1)
-    cfg_cls, model_cls = (getattr(transformers, n) for n in _ARCH_CLASSES[arch])
-    torch.manual_seed(seed)
-    model = model_cls(cfg_cls(**config)).eval()
-    model.save_pretrained(str(out))
+    cfg = ModelConfig.from_hf(config)
+    # The tokenizer files are already in `out` (written above); export_hf adds config.json (which
+    # replaces the sentencepiece path's placeholder) and model.safetensors.
+    export_hf(init_params(cfg, seed), cfg, None, out)
+
+
+def init_params(cfg, seed: int):
+    """(graphdef, params) of a Decoder initialised as transformers initialises Qwen2 / Llama.
+
+    transformers' `_init_weights`: every Linear weight and the embedding ~ normal(0, initializer_range),
+    biases 0, RMSNorm weights 1, and the embedding row of pad_token_id 0 (nn.Embedding's
+    padding_idx). Each tensor gets its own key, folded from `seed` and the tensor's path, so a
+    tensor's values do not depend on which other tensors the model has.
+    """
+    import zlib
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from strata_jax.models.qwen2 import Decoder
+
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract, nnx.Param)
+    root = jax.random.key(seed)
+    leaves = []
+    for path, var in nnx.to_flat_state(state):
+        shape, dtype = var.get_value().shape, var.get_value().dtype
+        name = ".".join(map(str, path))
+        if path[-1] in ("kernel", "embedding", "lm_head"):
+            key = jax.random.fold_in(root, zlib.crc32(name.encode()))
+            value = cfg.initializer_range * jax.random.normal(key, shape, jnp.float32)
+            if path[-1] == "embedding" and isinstance(cfg.pad_token_id, int) and 0 <= cfg.pad_token_id < shape[0]:
+                value = value.at[cfg.pad_token_id].set(0.0)
+        elif path[-1] == "bias":
+            value = jnp.zeros(shape, jnp.float32)
+        elif path[-1] == "scale":
+            value = jnp.ones(shape, jnp.float32)
+        else:
+            raise AssertionError(f"init_params: no init rule for parameter {name}")
+        leaves.append((path, var.replace(value.astype(dtype))))
+    return graphdef, nnx.from_flat_state(leaves)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,5 +205,5 @@ def _sp_tokenizer(out: pathlib.Path, texts: list[str], vocab_size: int):
         "chat_template": CHATML_TEMPLATE, "model_max_length": 4096, "legacy": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    (out / "config.json").write_text(json.dumps({"model_type": "llama"}))  # replaced by save_pretrained
+    (out / "config.json").write_text(json.dumps({"model_type": "llama"}))  # replaced by export_hf
     return AutoTokenizer.from_pretrained(str(out))
