@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from rollout import judge as judge_mod
 from rollout import prompts
 from rollout.parsing import INVALID_REASONS, parse_action, parse_strategy
+from rollout.envs import INTROS, REWARD_IN_RETURN
 from rollout.envs.vector import SerialEnvPool
 from rollout.policy import Generation, Policy
 from strata_jax import diversity
@@ -100,12 +101,14 @@ class RolloutConfig:
         strata = c.algo.name.startswith("strata")
         intro = (prompts.INTRO if c.env.name != "scienceworld"
                  else "You are an agent in a text-based science experiment environment.")
+        intro = INTROS.get(c.env.name, intro)
         cfg = cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
                   num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
                   oversample=c.algo.oversample, diverse=c.algo.diverse, judgment=c.algo.judgment,
                   judge_train=c.algo.judge_train, revise_every=c.algo.revise_every,
                   max_steps=c.env.max_steps, history_length=c.env.history_length,
                   r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
+                  env_reward_in_return=c.env.name in REWARD_IN_RETURN,
                   length_buckets=tuple(c.train.length_buckets),
                   row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
         if eval_mode:

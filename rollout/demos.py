@@ -1,19 +1,23 @@
 """Expert demonstrations for the SFT warm start, produced through the real rollout path.
 
-An expert "policy" answers every call of `collect` (strategy, actions, judgment) from the
-household solver's plan, so demonstration prompts are byte-for-byte the prompts RL will show the
-model. `ExpertPolicy` tokenizes with the real tokenizer; `corpus` (for training the tiny model's
-tokenizer before it exists) uses the scripted policy's fake ids and keeps the texts.
+An expert "policy" answers every call of `collect` (strategy, actions, judgment) from an
+environment's expert solver (household, shop: `EXPERTS`), so demonstration prompts are
+byte-for-byte the prompts RL will show the model. `ExpertPolicy` tokenizes with the real tokenizer;
+`corpus` (for training the tiny model's tokenizer before it exists) uses the scripted policy's fake
+ids and keeps the texts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from rollout.collect import RolloutConfig, collect
+from rollout.envs.base import TextEnv
 from rollout.envs.household import HouseholdEnv, solve
+from rollout.envs.shop import ShopEnv, expert_plan as shop_plan, expert_strategy as shop_strategy
 from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
 
 THINK = "<think>I follow my strategy.</think>"
@@ -29,14 +33,70 @@ def strategy_text(plan: Sequence[str]) -> str:
     return ", then ".join(plan)
 
 
-def expert_script(tasks: Sequence[int], env_kwargs: dict) -> Callable[[Messages, str, Hashable], str]:
+def household_expert(seed: int, env_kwargs: dict) -> tuple[list[str], str]:
+    plan = solve(seed, **env_kwargs)
+    return plan, strategy_text(plan)
+
+
+def shop_expert(seed: int, env_kwargs: dict) -> tuple[list[str], str]:
+    """The shop's plan, and a strategy that names the item by what the results show, not by the id
+    the expert knows but the model cannot before it has searched (rollout/envs/shop.py)."""
+    env = ShopEnv(**env_kwargs)
+    env.reset(seed=seed)
+    return shop_plan(env), shop_strategy(env)
+
+
+def household_kwargs(config: Any) -> dict:
+    """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
+    e = config.env
+    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
+            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors),
+            "reveal_objects": bool(e.reveal_objects)}
+
+
+def shop_kwargs(config: Any) -> dict:
+    """ShopEnv arguments of a run config."""
+    e = config.env
+    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
+            "catalog_seed": int(e.shop_catalog_seed), "num_products": int(e.shop_products),
+            "page_size": int(e.shop_page_size)}
+
+
+@dataclass(frozen=True)
+class Expert:
+    """An environment with an expert solver: how to build it from a config and solve a task."""
+
+    env_cls: type[TextEnv]
+    kwargs: Callable[[Any], dict]  # run config -> env constructor arguments
+    solve: Callable[[int, dict], tuple[list[str], str]]  # (seed, env kwargs) -> (plan, strategy)
+
+
+EXPERTS = {"household": Expert(HouseholdEnv, household_kwargs, household_expert),
+           "shop": Expert(ShopEnv, shop_kwargs, shop_expert)}
+
+
+def expert_for(config: Any) -> Expert:
+    """The run's environment's expert. Environments without one (ALFWorld, ScienceWorld) warm-start
+    on household demonstrations: the household world speaks ALFWorld's language (tiny_alfworld)."""
+    return EXPERTS.get(config.env.name, EXPERTS["household"])
+
+
+def expert_env_kwargs(config: Any) -> dict:
+    """Constructor arguments of the run's environment, for the environments with an expert."""
+    return expert_for(config).kwargs(config)
+
+
+def expert_script(tasks: Sequence[int], env_kwargs: dict,
+                  env_name: str = "household") -> Callable[[Messages, str, Hashable], str]:
     """script(messages, kind, key) -> the expert's answer; keys as `collect` passes them."""
-    plans = {p: solve(seed, **env_kwargs) for p, seed in enumerate(tasks)}
+    solver = EXPERTS.get(env_name, EXPERTS["household"]).solve
+    solved = {p: solver(seed, env_kwargs) for p, seed in enumerate(tasks)}
+    plans = {p: plan for p, (plan, _) in solved.items()}
 
     def script(messages: Messages, kind: str, key: Hashable) -> str:
         if kind == "strategy":
             p, _ = key
-            return f"<strategy>{strategy_text(plans[p])}</strategy>"
+            return f"<strategy>{solved[p][1]}</strategy>"
         if kind == "action":
             p, _, _, t = key
             plan = plans[p]
@@ -75,14 +135,6 @@ class ExpertPolicy:
         return out
 
 
-def household_kwargs(config: Any) -> dict:
-    """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
-    e = config.env
-    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
-            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors),
-            "reveal_objects": bool(e.reveal_objects)}
-
-
 def demo_rollout_config(config: Any) -> RolloutConfig:
     """One expert trajectory per task, in the run's own mode (strategy prompt included for StraTA)."""
     import dataclasses
@@ -95,10 +147,11 @@ def demo_rollout_config(config: Any) -> RolloutConfig:
 
 def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
     """Prompt and answer texts of expert episodes: what the tiny model's tokenizer is trained on."""
-    kw = household_kwargs(config)
+    expert = expert_for(config)
+    kw = expert.kwargs(config)
     tasks = list(range(seed_offset, seed_offset + num_tasks))
     texts: list[str] = []
-    base = expert_script(tasks, kw)
+    base = expert_script(tasks, kw, config.env.name)
 
     def recording(messages, kind, key):
         answer = base(messages, kind, key)
@@ -106,7 +159,7 @@ def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
         texts.append(answer)
         return answer
 
-    envs = [HouseholdEnv(**kw) for _ in range(num_tasks)]
+    envs = [expert.env_cls(**kw) for _ in range(num_tasks)]
     collect(envs, ScriptedPolicy(recording), tasks, demo_rollout_config(config))
     return texts
 
@@ -130,10 +183,11 @@ def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
         return sft_rows(strata, tokenizer, tasks, judge_share) + sft_rows(flat, tokenizer, tasks, judge_share)
     if styles != "own":
         raise ValueError(f"config.sft.styles={styles!r}: choose 'own' or 'both'")
-    kw = household_kwargs(config)
-    policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw))
+    expert = expert_for(config)
+    kw = expert.kwargs(config)
+    policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw, config.env.name))
     cfg = demo_rollout_config(config)
-    envs = [HouseholdEnv(**kw) for _ in range(len(tasks))]
+    envs = [expert.env_cls(**kw) for _ in range(len(tasks))]
     res = collect(envs, policy, list(tasks), cfg)
     tb = res.tokens
     rows = []
