@@ -125,6 +125,7 @@ def can_win(catalog: Catalog, product: Product, goal: Goal) -> bool:
     return type_reward(catalog, product, goal) == 1.0
 
 
+@functools.lru_cache(maxsize=4096)  # per (catalogue, goal): a task's G resets share it
 def winners(catalog: Catalog, goal: Goal) -> frozenset[int]:
     """Indices of every product that can score 1 (they all have every goal attribute)."""
     sets = [catalog.by_attribute.get(a, frozenset()) for a in goal.attributes]
@@ -253,7 +254,8 @@ class ShopEnv(TextEnv):
         return self.start(goal, task_id=f"shop/{self.seed_}")
 
     def start(self, goal: Goal, task_id: str = "shop/custom"):
-        """Begin an episode on a given goal (reset uses it; tests build goals by hand)."""
+        """Begin an episode on a given goal (reset uses it; tests build goals by hand). A goal that
+        no product in its query's results can win has no expert plan: horizon -1."""
         self.goal = goal
         self.winners = winners(self.catalog, goal)
         self.plan = self._plan()
@@ -268,7 +270,7 @@ class ShopEnv(TextEnv):
             "task": goal.instruction,
             "admissible_commands": self.admissible_commands(),
             "task_type": goal.department,
-            "horizon": len(self.plan),
+            "horizon": len(self.plan) if self.plan else -1,
             "task_id": task_id,
             "won": False,
             "milestones_total": self.milestones_total,
@@ -431,14 +433,19 @@ class ShopEnv(TextEnv):
     # -- expert ------------------------------------------------------------------------------
 
     def _plan(self) -> list[str]:
-        g = self.goal
-        results = self.catalog.search(g.query, self.num_results)
-        found = expert_page(self.catalog, g, results, self.page_size)
-        if found is None:
-            raise EnvError(f"the goal {g.instruction!r} has no winning product in the results of its query")
-        page, idx = found
-        return ([f"search[{g.query}]"] + ["click[next >]"] * page + [f"click[{self.catalog.products[idx].pid}]"]
-                + [f"click[{v}]" for _, v in g.options] + ["click[buy now]"])
+        return list(plan_for(self.catalog, self.goal, self.page_size, self.num_results))
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_for(catalog: Catalog, g: Goal, page_size: int, num_results: int) -> tuple[str, ...]:
+    """The expert's plan; () for a hand-built goal no product in its query's results can win."""
+    results = catalog.search(g.query, num_results)
+    found = expert_page(catalog, g, results, page_size)
+    if found is None:
+        return ()
+    page, idx = found
+    return tuple([f"search[{g.query}]"] + ["click[next >]"] * page + [f"click[{catalog.products[idx].pid}]"]
+                 + [f"click[{v}]" for _, v in g.options] + ["click[buy now]"])
 
 
 def expert_plan(env: ShopEnv) -> list[str]:

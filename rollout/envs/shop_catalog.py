@@ -287,15 +287,14 @@ class Catalog:
         if not q:
             return []
         scores = self._bm25.get_scores(q)
-        k = min(k, len(scores))
-        if k <= 0:
+        cand = np.flatnonzero(scores > 0)  # ascending indices
+        if k <= 0 or not len(cand):
             return []
-        # The k best, ties by index: everything scoring at least the k-th best (ascending indices),
-        # stably sorted by score. Same as a full stable argsort's first k, 10x faster.
-        kth = np.partition(scores, len(scores) - k)[len(scores) - k]
-        cand = np.flatnonzero(scores >= max(kth, np.finfo(scores.dtype).tiny))
-        top = cand[np.argsort(-scores[cand], kind="stable")][:k]
-        return top.tolist()
+        if len(cand) > k:  # keep everything scoring at least the k-th best (ties included)
+            s = scores[cand]
+            cand = cand[s >= np.partition(s, len(s) - k)[len(s) - k]]
+        # stable: equal scores keep catalogue order, as a full stable argsort's first k would
+        return cand[np.argsort(-scores[cand], kind="stable")][:k].tolist()
 
 
 def _categories() -> list[Category]:
