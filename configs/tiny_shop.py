@@ -28,11 +28,11 @@ def get_config():
     c.model.tiny_vocab = 2048
     c.model.tiny_heads = 2
     c.model.tiny_kv_heads = 1
-    c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768)
+    c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768, 1024)  # p99 of shop rows ~630 tokens, max ~800
     c.sampling.batch_buckets = (8, 16, 32)
     c.train.lr = 3e-4
     c.train.mini_batch_rows = 64
-    c.train.length_buckets = (256, 320, 384, 448, 512, 768)
+    c.train.length_buckets = (256, 320, 384, 448, 512, 768, 1024)
     c.train.recompute_old_logp = False
     c.sft.steps = 1500
     c.sft.lr = 1.5e-2

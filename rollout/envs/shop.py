@@ -15,10 +15,13 @@ Clicking an item clears the selected options; clicking an option value selects i
 of the same option replaces the first); `buy now` ends the episode with WebShop's score. Texts are
 lowercase and the parts of a page are joined by " [SEP] ", as in WebShop's text mode; the
 instruction is not repeated on every page (verl-agent strips it too: the prompt carries the task).
+A step that changes nothing (the "" no-op of an invalid model output, an unknown command, a button
+not on the page) answers "nothing happens. [SEP] <the same page>" and is counted in `env.noops`;
+the rollout loop counts invalid model outputs itself (stats "invalid/<reason>"), as for household.
 
 Instructions are built from a real target product of the catalogue (rollout/envs/shop_catalog.py):
 "i need <attributes> <type>, with color: red, and size: 9, and price lower than 40.00 dollars",
-with 1-3 of its attributes, 0-2 of its options and WebShop's price bound (the larger of two of
+with 1-3 of its attributes, 0-3 of its options and WebShop's price bound (the larger of two of
 the four multiples of ten above its price).
 
 Reward: WebShop's get_reward (web_agent_site/engine/goal.py), on structured data:
@@ -39,13 +42,14 @@ R for this environment (rollout/envs/__init__.py REWARD_IN_RETURN), so R = r_suc
 full match earns r_succ + 1, a partial purchase its score < 1, no purchase 0. Success dominates;
 among failures a closer purchase ranks higher.
 
-Expert and horizon. The expert is privileged (it knows the catalogue): it searches the instruction's
-own query (the words between "i need " and the first comma), clicks `next >` until the page holding
-the best-ranked product that can score 1, clicks it, clicks each goal option, and buys:
-L* = 3 + pages turned + goal options. L* is the shortest plan among those searching the
-instruction's query (a sharper query could shorten the pagination). The task generator draws L*
-uniformly over the lengths reachable in [horizon_min, horizon_max], then a target and goal whose
-expert plan has that length.
+Expert and horizon. The expert is privileged: it knows which listings offer the wanted options,
+which an agent sees only on their item pages. It searches the instruction's own query (the words
+between "i need " and the first comma), clicks `next >` up to the page holding the best-ranked
+product that can score 1, clicks it, clicks each goal option, and buys: L* = 3 + pages turned +
+goal options, the shortest plan among those searching the instruction's query (tests check it by
+breadth-first search; a sharper query could shorten the pagination). The task generator draws L*
+uniformly over the lengths reachable in [horizon_min, horizon_max] (3-10 with 10 results a page),
+then a target and goal whose expert plan has that length.
 
 Milestones (in order): a results page shows a product that can score 1; such a product's page is
 opened; each goal option is selected on such a page; the purchase scores 1 (= won).
@@ -60,12 +64,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.envs.base import EnvError, TextEnv
-from rollout.envs.shop_catalog import BUTTONS, DEPARTMENTS, Catalog, Product, get_catalog
+from rollout.envs.shop_catalog import Catalog, Product, get_catalog
 
 SEP = " [SEP] "
 SEARCH = "search[<your query>]"
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]  # WebShop's price bounds
-NO_BOUND = 1_000_000.0  # WebShop's bound when the price has no two multiples of ten above it (< 990)
+NO_BOUND = 1_000_000.0  # WebShop's bound when fewer than two multiples of ten below 1000 exceed the price
 NOTHING = "nothing happens."
 MIN_LENGTH = 3  # search, click the item, buy
 ATTEMPTS = 400  # candidates drawn per plan length before another length is drawn
@@ -476,5 +480,5 @@ def solve(seed: int, **env_kwargs: Any) -> list[str]:
     return expert_plan(env)
 
 
-__all__ = ["BUTTONS", "DEPARTMENTS", "Goal", "ShopEnv", "can_win", "expert_plan", "expert_strategy",
+__all__ = ["Goal", "ShopEnv", "can_win", "expert_plan", "expert_strategy",
            "generate", "make_goal", "price_upper", "score", "solve", "type_reward", "winners"]
