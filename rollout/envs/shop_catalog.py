@@ -385,17 +385,17 @@ def get_catalog(seed: int = 0, num_products: int = 24000) -> Catalog:
                 j = rng.randrange(len(attrs))
                 near = attrs[:j] + [rng.choice(other)] + attrs[j + 1:]
                 family.append((brand, filler, near, round(price * rng.uniform(0.9, 1.1)) - 0.01))
-            for _ in range(rng.choice((0, 1, 2, 3))):  # the same product from resellers, far more expensive
+            for _ in range(rng.choice((0, 1, 2, 3))):  # copies by other sellers, 1.5-3x the price
                 family.append((rng.choice(cat_brands), filler, list(attrs),
                                math.floor(price * rng.uniform(1.5, 3.0)) + 0.99))
             for brand_, filler_, attrs_, price_ in family[: per_cat - made]:
-                # Each listing offers about half of its category's values of each option (WebShop's
-                # listings differ too): a title can match while the wanted color is not offered.
+                # Each listing offers about a third (OFFERED) of its category's values of each option
+                # (WebShop's listings differ too): a title can match while the wanted color is not offered.
                 opts = tuple((name, tuple(v for v in vals if rng.random() < OFFERED) or (rng.choice(vals),))
                              for name, vals in c.options)
                 shown = list(attrs_)
                 rng.shuffle(shown)
-                features = tuple(f"{a}" for a in shown) + (f"{c.type} by {brand_}",)
+                features = tuple(shown) + (f"{c.type} by {brand_}",)
                 desc = (f"the {brand_} {c.type} is {', '.join(shown[:-1])} and {shown[-1]}. "
                         f"a {c.group} essential from our {c.department} department.")
                 rows.append((c.index, brand_, _title(brand_, c.type, filler_, shown), frozenset(attrs_),
