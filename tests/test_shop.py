@@ -351,6 +351,15 @@ def test_pages_pagination_options_and_navigation(catalog):
     assert "no results." in obs and info["admissible_commands"] == ["click[back to search]"]
 
 
+def test_search_template_in_the_admissible_list():
+    ok = parse_action("<action>Search[ Red  Shoes ]</action>", [SEARCH])
+    assert ok.valid and ok.action == "search[ red shoes ]"
+    for text in ("<action>search[]</action>", "<action>search[  ]</action>", "<action>searching[x]</action>",
+                 "<action>click[x]</action>"):
+        assert parse_action(text, [SEARCH]).reason == "inadmissible", text
+    assert not parse_action("<action>search[x]</action>", ["click[back to search]"]).valid
+
+
 def test_malformed_and_inadmissible_actions_are_counted_noops():
     env = ShopEnv(max_steps=14)
     env.reset(seed=4)
@@ -483,7 +492,7 @@ def test_strata_and_beacon_iterate_on_shop_through_launch(tmp_path):
         rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
         last = rows[-1]
         assert last["iteration"] == 1 and np.isfinite(last["update/loss"]) and last["update/steps"] >= 1
-        assert last["train/num_trajectories"] == (8 if name == "strata" else 8)
+        assert last["train/num_trajectories"] == 8  # StraTA 2 x 2 x 2, BEACON 2 x 4
         assert 0.0 <= last["train/success"] <= 1.0
         cfg = json.loads((work / "config.json").read_text())
         assert cfg["env"]["name"] == "shop" and cfg["algo"]["name"] == name
