@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections as mlc
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
-ENVS = ("household", "alfworld", "scienceworld", "doors")
+ENVS = ("household", "alfworld", "scienceworld", "shop", "doors")
 # Worlds for testing the pipeline, not for studies: no <algo>_<env>.py config files.
 TEST_ENVS = ("doors",)
 CHOICES = {
@@ -74,7 +74,7 @@ def base_config() -> mlc.ConfigDict:
     e.max_steps = 30
     e.history_length = 2
     e.show_first_observation = True  # step prompts repeat the first observation (rollout/prompts.py)
-    e.horizon_min = 2  # household: L* range of generated tasks
+    e.horizon_min = 2  # household / shop / doors: L* range of generated tasks
     e.horizon_max = 12
     e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
     e.distractors = 6  # household: unrelated objects placed around the room
@@ -86,7 +86,10 @@ def base_config() -> mlc.ConfigDict:
     e.eval_split = "valid_unseen"
     e.num_workers = 0  # 0 = in-process pool; > 0 worker processes
     e.timeout_s = 60.0  # a worker silent this long is restarted and its trajectory masked out
-    e.eval_seed_offset = 1_000_000  # household: held-out tasks come from seeds above this
+    e.eval_seed_offset = 1_000_000  # household / shop: held-out tasks come from seeds above this
+    e.shop_catalog_seed = 0  # shop: the catalogue (products, prices, options) is generated from this
+    e.shop_products = 24000  # shop: catalogue size (203 categories)
+    e.shop_page_size = 10  # shop: results per page (WebShop: 10, of 50 results)
 
     # --- model ------------------------------------------------------------------------------------
     m = c.model = mlc.ConfigDict()
@@ -235,6 +238,9 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         raise ConfigError(
             f"config.algo.judgment=True is only wired for strata / strata+beacon, not {c.algo.name!r}: "
             "set --config.algo.judgment=False")
+    if c.env.shop_page_size < 1 or c.env.shop_products < 1000:
+        raise ConfigError(f"config.env.shop_page_size={c.env.shop_page_size} must be >= 1 and "
+                          f"config.env.shop_products={c.env.shop_products} >= 1000")
     if c.env.reveal_objects and c.env.name != "household":
         raise ConfigError(f"config.env.reveal_objects=True is only wired for env.name='household', not {c.env.name!r}")
     _refuse_unbuilt(c)
@@ -310,6 +316,9 @@ def with_algo_env(c: mlc.ConfigDict, algo: str, env: str) -> mlc.ConfigDict:
         c.env.max_steps = 30 if algo == "beacon" else 50
     elif env == "scienceworld":
         c.env.max_steps = 50
+    elif env == "shop":
+        c.env.max_steps = 15  # verl-agent's WebShop budget
+        c.env.horizon_min, c.env.horizon_max = 3, 9  # L* = 3 + pages turned + options (rollout/envs/shop.py)
     else:
         c.env.max_steps = 30
     return c

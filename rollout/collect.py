@@ -31,6 +31,7 @@ from rollout import judge as judge_mod
 from rollout import prompts
 from rollout.parsing import (INADMISSIBLE, INVALID_REASONS, TOO_LONG, action_content_span, parse_action,
                              parse_strategy)
+from rollout.envs import INTROS, REWARD_IN_RETURN
 from rollout.envs.vector import SerialEnvPool
 from rollout.policy import Generation, Policy
 from strata_jax import diversity
@@ -109,7 +110,7 @@ class RolloutConfig:
         `eval_mode`: one trajectory per task (StraTA: one strategy, no oversampling), no judgment.
         """
         strata = c.algo.name.startswith("strata")
-        intro = prompts.INTROS.get(c.env.name, prompts.INTRO)
+        intro = INTROS.get(c.env.name, prompts.INTRO)
         cfg = cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
                   num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
                   oversample=c.algo.oversample, diverse=c.algo.diverse, judgment=c.algo.judgment,
@@ -118,6 +119,7 @@ class RolloutConfig:
                   show_first_observation=bool(c.env.show_first_observation),
                   r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
                   penalty_tokens=c.algo.invalid_penalty_tokens,
+                  env_reward_in_return=c.env.name in REWARD_IN_RETURN,
                   length_buckets=tuple(c.train.length_buckets),
                   row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
         if eval_mode:

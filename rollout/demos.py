@@ -1,20 +1,24 @@
 """Expert demonstrations for the SFT warm start, produced through the real rollout path.
 
-An expert "policy" answers every call of `collect` (strategy, actions, judgment) from the
-household solver's plan, so demonstration prompts are byte-for-byte the prompts RL will show the
-model. `ExpertPolicy` tokenizes with the real tokenizer; `corpus` (for training the tiny model's
-tokenizer before it exists) uses the scripted policy's fake ids and keeps the texts.
+An expert "policy" answers every call of `collect` (strategy, actions, judgment) from an
+environment's expert solver (household, shop: `EXPERTS`), so demonstration prompts are
+byte-for-byte the prompts RL will show the model. `ExpertPolicy` tokenizes with the real tokenizer;
+`corpus` (for training the tiny model's tokenizer before it exists) uses the scripted policy's fake
+ids and keeps the texts.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from rollout.collect import RolloutConfig, collect
-from rollout.envs.household import HouseholdEnv, expert_plan
+from rollout.envs.base import TextEnv
+from rollout.envs.household import HouseholdEnv, solve
+from rollout.envs.shop import ShopEnv, expert_plan as shop_plan, expert_strategy as shop_strategy
 from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
 
 THINK = "<think>I follow my strategy.</think>"
@@ -30,38 +34,110 @@ def strategy_text(plan: Sequence[str]) -> str:
     return ", then ".join(plan)
 
 
-def expert_script(tasks: Sequence[int], env_kwargs: dict, epsilon: float = 0.0,
+def household_expert(seed: int, env_kwargs: dict) -> tuple[list[str], str]:
+    plan = solve(seed, **env_kwargs)
+    return plan, strategy_text(plan)
+
+
+def shop_expert(seed: int, env_kwargs: dict) -> tuple[list[str], str]:
+    """The shop's plan, and a strategy that names the item by what the results show, not by the id
+    the expert knows but the model cannot before it has searched (rollout/envs/shop.py)."""
+    env = ShopEnv(**env_kwargs)
+    env.reset(seed=seed)
+    return shop_plan(env), shop_strategy(env)
+
+
+def household_kwargs(config: Any) -> dict:
+    """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
+    e = config.env
+    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
+            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors),
+            "reveal_objects": bool(e.reveal_objects)}
+
+
+def shop_kwargs(config: Any) -> dict:
+    """ShopEnv arguments of a run config."""
+    e = config.env
+    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
+            "catalog_seed": int(e.shop_catalog_seed), "num_products": int(e.shop_products),
+            "page_size": int(e.shop_page_size)}
+
+
+@dataclass(frozen=True)
+class Expert:
+    """An environment with an expert solver: how to build it from a config and solve a task."""
+
+    env_cls: type[TextEnv]
+    kwargs: Callable[[Any], dict]  # run config -> env constructor arguments
+    # (seed, env kwargs) -> (plan, strategy); None: the demonstrator is a script of its own (doors)
+    solve: Callable[[int, dict], tuple[list[str], str]] | None
+
+
+def _doors_env(**kw) -> TextEnv:
+    from rollout.envs.doors import DoorsEnv
+
+    return DoorsEnv(**kw)
+
+
+def doors_kwargs(config: Any) -> dict:
+    e = config.env
+    return {"max_steps": int(e.max_steps), "doors": (int(e.horizon_min), int(e.horizon_max)),
+            "options": int(e.doors_options)}
+
+
+EXPERTS = {"household": Expert(HouseholdEnv, household_kwargs, household_expert),
+           "shop": Expert(ShopEnv, shop_kwargs, shop_expert),
+           "doors": Expert(_doors_env, doors_kwargs, None)}
+
+
+def expert_for(config: Any) -> Expert:
+    """The run's environment's expert. Environments without one (ALFWorld, ScienceWorld) warm-start
+    on household demonstrations: the household world speaks ALFWorld's language (tiny_alfworld)."""
+    return EXPERTS.get(config.env.name, EXPERTS["household"])
+
+
+def expert_env_kwargs(config: Any) -> dict:
+    """Constructor arguments of the run's environment, for the environments with an expert."""
+    return expert_for(config).kwargs(config)
+
+
+def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "household", epsilon: float = 0.0,
                   seed: int = 0) -> Callable[[Messages, str, Hashable], str]:
     """script(messages, kind, key) -> the expert's answer; keys as `collect` passes them.
 
-    epsilon > 0: an epsilon-soft expert. Before each plan step, with probability epsilon, it takes a
-    harmless detour instead (`look`, `inventory` or `go to` another receptacle) and then recovers:
-    after a `go to` detour it first walks back, unless its next command is a `go to` itself. The
-    demonstrations then carry entropy (a policy that imitates them still explores) and show how to
-    recover from a wrong move, and every detour is a known bad step, which the expert's
-    self-judgment lists (instead of always answering 'none').
+    epsilon > 0 (household only): an epsilon-soft expert. Before each plan step, with probability
+    epsilon, it takes a harmless detour instead (`look`, `inventory` or `go to` another receptacle)
+    and then recovers: after a `go to` detour it first walks back, unless its next command is a
+    `go to` itself. The demonstrations then carry entropy (a policy that imitates them still
+    explores) and show how to recover from a wrong move, and every detour is a known bad step,
+    which the expert's self-judgment lists (instead of always answering 'none').
     """
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon={epsilon} must be in [0, 1]")
-    plans, rooms, starts = {}, {}, {}
-    for p, task_seed in enumerate(tasks):
-        env = HouseholdEnv(**env_kwargs)
-        env.reset(seed=task_seed)
-        plans[p] = expert_plan(env)
-        rooms[p] = sorted(env.world.rtype)
-        starts[p] = env.world.at
+    if epsilon and env_name != "household":
+        raise ValueError(f"epsilon-soft demonstrations are built for the household world, not {env_name!r}")
+    expert = EXPERTS.get(env_name, EXPERTS["household"])
+    if expert.solve is None:
+        return doors_script(tasks, seed)
+    solved = {p: expert.solve(task_seed, env_kwargs) for p, task_seed in enumerate(tasks)}
+    rooms, starts = {}, {}
+    if epsilon:  # the detours need the room's receptacles and where the agent starts
+        for p, task_seed in enumerate(tasks):
+            env = HouseholdEnv(**env_kwargs)
+            env.reset(seed=task_seed)
+            rooms[p], starts[p] = sorted(env.world.rtype), env.world.at
     walks: dict[Hashable, _Walk] = {}
 
     def walk(p: int, key: Hashable) -> "_Walk":
         if key not in walks:
-            walks[key] = _Walk(plans[p], rooms[p], starts[p], epsilon,
+            walks[key] = _Walk(solved[p][0], rooms.get(p, []), starts.get(p), epsilon,
                                np.random.default_rng([int(seed), *(int(k) for k in key)]))
         return walks[key]
 
     def script(messages: Messages, kind: str, key: Hashable) -> str:
         if kind == "strategy":
             p, _ = key
-            return f"<strategy>{strategy_text(plans[p])}</strategy>"
+            return f"<strategy>{solved[p][1]}</strategy>"
         if kind == "action":
             p, n, m, t = key
             return f"{THINK}<action>{walk(p, (p, n, m)).next_action()}</action>"
@@ -112,6 +188,31 @@ class _Walk:
         return action
 
 
+def doors_script(tasks: Sequence[int], seed: int = 0, accuracy: float = 0.6) -> Callable[[Messages, str, Hashable], str]:
+    """The doors world's demonstrator: the right format, and the door that matches the key with
+    probability `accuracy`, another listed door otherwise. A policy that imitates it is valid but
+    weak (with two doors per step and two steps it wins 0.6^2 = 0.36 of the time): it has picked up
+    that the key matters, and RL has to sharpen that preference to win (the learnability tests)."""
+    def script(messages: Messages, kind: str, key: Hashable) -> str:
+        if kind == "strategy":
+            return "<strategy>open each door whose colour matches the key.</strategy>"
+        if kind == "judge":
+            return "<bad_steps>none</bad_steps>"
+        text = messages[-1]["content"]
+        doors = re.findall(r"'(open the \w+ door)'", text)
+        colour = re.findall(r"A (\w+) key lies on the floor", text)[-1:]
+        right = [d for d in doors if colour and d == f"open the {colour[0]} door"]
+        rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
+        if right and rng.random() < accuracy:
+            choice = right[0]
+        else:
+            others = [d for d in doors if d not in right] or doors
+            choice = others[int(rng.integers(len(others)))] if others else "look"
+        return f"{THINK}<action>{choice}</action>"
+
+    return script
+
+
 class ExpertPolicy:
     """A Policy with real token ids: prompt rendered with the chat template, response = script text.
 
@@ -144,61 +245,6 @@ class ExpertPolicy:
         return out
 
 
-def doors_script(tasks: Sequence[int], seed: int = 0, accuracy: float = 0.6) -> Callable[[Messages, str, Hashable], str]:
-    """The doors world's demonstrator: the right format, and the door that matches the key with
-    probability `accuracy`, another listed door otherwise. A policy that imitates it is valid but
-    weak (with two doors per step and two steps it wins 0.6^2 = 0.36 of the time): it has picked up
-    that the key matters, and RL has to sharpen that preference to win (the learnability tests)."""
-    def script(messages: Messages, kind: str, key: Hashable) -> str:
-        if kind == "strategy":
-            return "<strategy>open each door whose colour matches the key.</strategy>"
-        if kind == "judge":
-            return "<bad_steps>none</bad_steps>"
-        text = messages[-1]["content"]
-        doors = re.findall(r"'(open the \w+ door)'", text)
-        colour = re.findall(r"A (\w+) key lies on the floor", text)[-1:]
-        right = [d for d in doors if colour and d == f"open the {colour[0]} door"]
-        rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
-        if right and rng.random() < accuracy:
-            choice = right[0]
-        else:
-            others = [d for d in doors if d not in right] or doors
-            choice = others[int(rng.integers(len(others)))] if others else "look"
-        return f"{THINK}<action>{choice}</action>"
-
-    return script
-
-
-def doors_kwargs(config: Any) -> dict:
-    e = config.env
-    return {"max_steps": int(e.max_steps), "doors": (int(e.horizon_min), int(e.horizon_max)),
-            "options": int(e.doors_options)}
-
-
-def demo_source(config: Any, tasks: Sequence[int], epsilon: float = 0.0):
-    """(a list of len(tasks) fresh envs, the demonstrator's script) for the built-in worlds.
-    Other environments take their demonstrations from a JSONL file (config.sft.demos)."""
-    name = config.env.name
-    if name == "household":
-        kw = household_kwargs(config)
-        return [HouseholdEnv(**kw) for _ in tasks], expert_script(list(tasks), kw, epsilon, int(config.seed))
-    if name == "doors":
-        from rollout.envs.doors import DoorsEnv
-
-        kw = doors_kwargs(config)
-        return [DoorsEnv(**kw) for _ in tasks], doors_script(list(tasks), int(config.seed))
-    raise ValueError(f"no built-in demonstrator for env.name={name!r}: give config.sft.demos (JSONL) "
-                     "or config.model.path")
-
-
-def household_kwargs(config: Any) -> dict:
-    """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
-    e = config.env
-    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
-            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors),
-            "reveal_objects": bool(e.reveal_objects)}
-
-
 def demo_rollout_config(config: Any) -> RolloutConfig:
     """One expert trajectory per task, in the run's own mode (strategy prompt included for StraTA)."""
     import dataclasses
@@ -211,9 +257,11 @@ def demo_rollout_config(config: Any) -> RolloutConfig:
 
 def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
     """Prompt and answer texts of expert episodes: what the tiny model's tokenizer is trained on."""
+    expert = expert_for(config)
+    kw = expert.kwargs(config)
     tasks = list(range(seed_offset, seed_offset + num_tasks))
     texts: list[str] = []
-    envs, base = demo_source(config, tasks)
+    base = expert_script(tasks, kw, config.env.name)
 
     def recording(messages, kind, key):
         answer = base(messages, kind, key)
@@ -221,6 +269,7 @@ def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
         texts.append(answer)
         return answer
 
+    envs = [expert.env_cls(**kw) for _ in range(num_tasks)]
     collect(envs, ScriptedPolicy(recording), tasks, demo_rollout_config(config))
     return texts
 
@@ -244,9 +293,12 @@ def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
         return sft_rows(strata, tokenizer, tasks, judge_share) + sft_rows(flat, tokenizer, tasks, judge_share)
     if styles != "own":
         raise ValueError(f"config.sft.styles={styles!r}: choose 'own' or 'both'")
-    envs, script = demo_source(config, list(tasks), float(config.sft.epsilon))
-    policy = ExpertPolicy(tokenizer, script)
+    expert = expert_for(config)
+    kw = expert.kwargs(config)
+    policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw, config.env.name, float(config.sft.epsilon),
+                                                   int(config.seed)))
     cfg = demo_rollout_config(config)
+    envs = [expert.env_cls(**kw) for _ in range(len(tasks))]
     res = collect(envs, policy, list(tasks), cfg)
     tb = res.tokens
     rows = []

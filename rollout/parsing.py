@@ -35,6 +35,9 @@ _ACTION, _ACTION_OPEN = _tag_re("action")
 _STRATEGY, _STRATEGY_OPEN = _tag_re("strategy")
 _BAD, _BAD_OPEN = _tag_re("bad_steps")
 _ANY_TAG = re.compile(r"</?[a-zA-Z_]+>")
+# An admissible entry `verb[<placeholder>]` is a template (WebShop's `search[<your query>]`):
+# any `verb[...]` with non-empty content matches it.
+_TEMPLATE = re.compile(r"^\s*(\w+)\[<[^>]*>\]\s*$")
 
 
 def normalize_action(text: str) -> str:
@@ -65,7 +68,8 @@ def parse_action(text: str, admissible: Sequence[str] | None,
     """The single `<action>` of `text`, normalised and checked against `admissible`.
 
     Returns the admissible command as the environment spells it (so the env gets its own string).
-    `admissible=None` accepts any non-empty action (environments without a command list).
+    `admissible=None` accepts any non-empty action (environments without a command list). An
+    admissible template `verb[<...>]` accepts any `verb[non-empty text]`, returned as normalised.
     """
     if not isinstance(text, str):
         return ParsedAction("", False, MISSING_TAG)
@@ -86,6 +90,9 @@ def parse_action(text: str, admissible: Sequence[str] | None,
     for cmd in admissible:
         if normalize_action(cmd) == action:
             return ParsedAction(cmd, True, None)
+        m = _TEMPLATE.match(cmd)
+        if m and action.startswith(m[1].lower() + "[") and action.endswith("]") and action[len(m[1]) + 1:-1].strip():
+            return ParsedAction(action, True, None)
     return ParsedAction("", False, INADMISSIBLE)
 
 

@@ -28,11 +28,7 @@ HISTORY_OBS_CHARS = 300  # recent steps are context, not the state: keep them sh
 OBS_CHARS = 4000  # bound on the current observation (ALFWorld's are well under this)
 STRATEGY_WORDS = 60  # the plan length the strategy prompt asks for
 INTRO = "You are an agent in a text-based household environment."
-# The first line of every prompt, per environment (household and ALFWorld use INTRO).
-INTROS = {
-    "scienceworld": "You are an agent in a text-based science experiment environment.",
-    "doors": "You are an agent in a corridor of locked doors.",
-}
+
 
 
 def _user(text: str) -> Messages:

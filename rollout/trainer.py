@@ -57,14 +57,10 @@ def make_mesh(config) -> jax.sharding.Mesh:
 
 def env_kwargs(config, split: str | None = None) -> dict:
     e = config.env
-    if e.name == "household":
-        from rollout.demos import household_kwargs
+    if e.name in ("household", "shop", "doors"):
+        from rollout.demos import expert_env_kwargs
 
-        return household_kwargs(config)
-    if e.name == "doors":
-        from rollout.demos import doors_kwargs
-
-        return doors_kwargs(config)
+        return expert_env_kwargs(config)
     if e.name == "alfworld":
         return {"data_dir": str(e.data_dir), "split": split or e.split, "max_steps": int(e.max_steps),
                 "milestones": config.algo.milestones, "cache_dir": str(e.cache_dir) or None}
@@ -105,7 +101,7 @@ def trajectories_per_task(config) -> int:
 
 
 def num_tasks(config, split: str) -> int | None:
-    if config.env.name in ("household", "doors"):  # procedural: held-out tasks are seeds past eval_seed_offset
+    if config.env.name in ("household", "shop", "doors"):  # procedural: held-out tasks are seeds past eval_seed_offset
         return None
     from rollout.envs import make_env
 
@@ -192,7 +188,7 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     tok = load_tokenizer(init_dir)
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)
-    elif config.env.name in ("household", "doors") or not config.model.path:
+    elif config.env.name in ("household", "shop", "doors") or not config.model.path:
         rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
         raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")

@@ -15,10 +15,12 @@ Contract (the rollout loop relies on exactly this):
         is consumed, the observation says nothing happened.
         info: won (bool), milestone (bool: a goal-relevant fact became true for the first time),
               milestone_name (str or None), admissible_commands (list[str])
-        terminated = won; truncated = step budget reached (max_steps, set at construction).
+        terminated = won (shop: the purchase, which ends the episode whatever it scores);
+        truncated = step budget reached (max_steps, set at construction).
 
-Rewards: `reward` is the environment's own per-step shaping (0 for household / ALFWorld); the
-episode return R(tau) = r_succ * won is computed by the rollout loop, not the env.
+Rewards: `reward` is the environment's own per-step shaping (0 for household / ALFWorld; the shop's
+purchase score); the episode return R(tau) = r_succ * won is computed by the rollout loop, not the
+env, plus the env rewards for the environments in rollout/envs REWARD_IN_RETURN (shop).
 """
 
 from __future__ import annotations
