@@ -244,6 +244,7 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     if c.env.reveal_objects and c.env.name != "household":
         raise ConfigError(f"config.env.reveal_objects=True is only wired for env.name='household', not {c.env.name!r}")
     _refuse_unbuilt(c)
+    _check_batch_buckets(c)
     if not 0.0 < c.train.eps_low < 1.0 or c.train.eps_high <= 0:
         raise ConfigError(f"config.train.eps_low={c.train.eps_low!r} must be in (0, 1) and "
                           f"config.train.eps_high={c.train.eps_high!r} > 0")
@@ -273,6 +274,26 @@ def _refuse_unbuilt(c: mlc.ConfigDict) -> None:
     if c.algo.milestones != "facts" and c.env.name != "alfworld":
         raise ConfigError(f"config.algo.milestones={c.algo.milestones!r} is only wired for env.name='alfworld', "
                           f"not {c.env.name!r} (its milestones come from the environment)")
+
+
+def _check_batch_buckets(c: mlc.ConfigDict) -> None:
+    """The sampler batches every policy call of a kind into one program of at most
+    max(sampling.batch_buckets) rows: a larger call would fail only at rollout or eval time, after
+    SFT; refuse it here. Calls: strategy candidates P*sigma*N, actions and judgments P*N*M (flat:
+    P*G), evaluation eval.num_tasks."""
+    a = c.algo
+    strata = a.name.startswith("strata")
+    per_task = a.num_strategies * a.traj_per_strategy if strata else a.group_size
+    need = {"algo.tasks_per_iter x trajectories per task": a.tasks_per_iter * per_task}
+    if strata:
+        need["algo.tasks_per_iter x oversample x num_strategies"] = a.tasks_per_iter * a.oversample * a.num_strategies
+    if c.eval.every:
+        need["eval.num_tasks"] = c.eval.num_tasks
+    largest = max(c.sampling.batch_buckets)
+    for what, n in need.items():
+        if n > largest:
+            raise ConfigError(f"config.sampling.batch_buckets={tuple(c.sampling.batch_buckets)}: a policy call of "
+                              f"{what} = {n} rows exceeds the largest bucket {largest}; add a bucket >= {n}")
 
 
 def _validate_mesh(c: mlc.ConfigDict) -> None:

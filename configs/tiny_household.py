@@ -31,7 +31,7 @@ def get_config():
     c.model.tiny_heads = 2
     c.model.tiny_kv_heads = 1
     c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768)
-    c.sampling.batch_buckets = (8, 16, 32)
+    c.sampling.batch_buckets = (8, 16, 32, 64)  # 64 held-out tasks are sampled in one call
     c.train.lr = 3e-4
     c.train.mini_batch_rows = 64
     c.train.length_buckets = (256, 320, 384, 448, 512, 768)

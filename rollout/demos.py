@@ -188,27 +188,18 @@ class _Walk:
         return action
 
 
-def doors_script(tasks: Sequence[int], seed: int = 0, accuracy: float = 0.6) -> Callable[[Messages, str, Hashable], str]:
-    """The doors world's demonstrator: the right format, and the door that matches the key with
-    probability `accuracy`, another listed door otherwise. A policy that imitates it is valid but
-    weak (with two doors per step and two steps it wins 0.6^2 = 0.36 of the time): it has picked up
-    that the key matters, and RL has to sharpen that preference to win (the learnability tests)."""
+def doors_script(tasks: Sequence[int], seed: int = 0) -> Callable[[Messages, str, Hashable], str]:
+    """The doors world's demonstrator: the right format and a uniformly random listed door. A policy
+    that imitates it is valid but weak (two doors per step, two steps: it wins 1/4 of the time);
+    only RL can teach it which door opens (the learnability tests)."""
     def script(messages: Messages, kind: str, key: Hashable) -> str:
         if kind == "strategy":
-            return "<strategy>open each door whose colour matches the key.</strategy>"
+            return "<strategy>find the door that opens, then take it every time.</strategy>"
         if kind == "judge":
             return "<bad_steps>none</bad_steps>"
-        text = messages[-1]["content"]
-        doors = re.findall(r"'(open the \w+ door)'", text)
-        colour = re.findall(r"A (\w+) key lies on the floor", text)[-1:]
-        right = [d for d in doors if colour and d == f"open the {colour[0]} door"]
+        doors = re.findall(r"'(open the \w+ door)'", messages[-1]["content"])
         rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
-        if right and rng.random() < accuracy:
-            choice = right[0]
-        else:
-            others = [d for d in doors if d not in right] or doors
-            choice = others[int(rng.integers(len(others)))] if others else "look"
-        return f"{THINK}<action>{choice}</action>"
+        return f"{THINK}<action>{doors[int(rng.integers(len(doors)))] if doors else 'look'}</action>"
 
     return script
 

@@ -101,3 +101,18 @@ def test_cli_unknown_key_and_bad_value():
 def test_cli_unknown_mode():
     r = _launch("fly", "--dry_run")
     assert r.returncode != 0 and "unknown mode 'fly'" in (r.stderr + r.stdout)
+
+
+def test_policy_calls_larger_than_the_batch_buckets_are_refused_before_any_work():
+    """64 held-out tasks with buckets up to 32 used to fail at the first evaluation, after SFT."""
+    from configs.tiny_household import get_config
+
+    c = get_config()
+    c.sampling.batch_buckets = (8, 16, 32)
+    with pytest.raises(ConfigError, match=r"eval.num_tasks = 64 rows exceeds the largest bucket 32"):
+        validate(c)
+    c.eval.every = 0  # no evaluation: no such call
+    validate(c)
+    c.algo.tasks_per_iter = 8  # 8 tasks x 2 strategies x 4 trajectories = 64 action rows
+    with pytest.raises(ConfigError, match=r"trajectories per task = 64"):
+        validate(c)

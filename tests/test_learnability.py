@@ -1,12 +1,13 @@
 """Learnability: every algorithm, run through the real trainer, learns the doors world, and the
 same run with lr 0 does not.
 
-The doors world (rollout/envs/doors.py) is won only by reading the key's colour at each door. The
-warm start imitates a demonstrator that knows the command format but picks doors at random, so
-the starting policy is valid but weak (success ~ 0.5^2 = 0.25). Only a correct pipeline, from the
-sampled tokens through the advantages to the update, lifts it: a flipped sign, log-probs
-misaligned with their tokens or advantages gathered onto the wrong rows all leave it flat (or
-worse). The lr 0 control shows that the rise is the update's doing, not the sampler's luck.
+The doors world (rollout/envs/doors.py) is won only by taking the red door at each of two doors,
+a rule nothing in the prompt states. The warm start imitates a demonstrator that knows the
+command format but picks doors at random, so the starting policy is valid but weak (success
+~ 0.5^2 = 0.25). Only a correct pipeline, from the sampled tokens through the advantages to the
+update, lifts it: a flipped sign, log-probs misaligned with their tokens or advantages gathered
+onto the wrong rows all leave it flat (or worse). The lr 0 control shows that the rise is the
+update's doing, not the sampler's luck.
 """
 
 import json
@@ -18,7 +19,7 @@ import pytest
 from configs.base import base_config, validate, with_algo_env
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
-ITERATIONS = 8
+ITERATIONS = 10
 
 
 def doors_config(algo: str, model_path: str = "") -> object:
@@ -44,7 +45,7 @@ def doors_config(algo: str, model_path: str = "") -> object:
     c.train.lr = 1e-3
     c.train.mini_batch_rows = 16
     c.train.recompute_old_logp = False
-    c.sft.steps, c.sft.lr, c.sft.batch_rows, c.sft.num_tasks = 250, 1e-2, 16, 64
+    c.sft.steps, c.sft.lr, c.sft.batch_rows, c.sft.num_tasks = 200, 1e-2, 16, 64
     c.sft.styles = "both"
     c.eval.every = 0
     c.checkpoint.every = ITERATIONS
@@ -85,6 +86,7 @@ def test_lr_zero_stays_flat(warm_start, tmp_path):
 
     c = doors_config("grpo", warm_start)
     c.train.lr = 0.0
+    c.iterations = c.checkpoint.every = 5
     train(c, tmp_path / "run")
     s = _success(tmp_path / "run")
-    assert max(s) <= 0.45, f"with lr 0 the policy must not improve: {s}"
+    assert len(s) == 5 and max(s) <= 0.45, f"with lr 0 the policy must not improve: {s}"

@@ -59,3 +59,34 @@ def test_summary_of_a_hand_written_history(learning, tmp_path):
     wd.mkdir()
     (wd / "metrics.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
     assert learning.finished(wd, 2) and not learning.finished(wd, 3)
+
+
+def test_warmstart_figures_on_a_hand_batch(tmp_path):
+    """Two tasks x 1 group of 4: task 0 (L* 3) has 2 wins of 4 (mixed), task 1 (L* 6) 0 of 4 (not
+    mixed); first actions a, a, b, b (entropy ln 2) and c, c, c, <invalid> (entropy of 3:1)."""
+    import json
+
+    import numpy as np
+
+    from bench.warmstart import figures
+
+    P, N, M, H = 2, 1, 4, 3
+    step = np.zeros((P, N, M, H), bool)
+    step[..., :2] = True
+    invalid = np.zeros_like(step)
+    invalid[1, 0, 3, 0] = True
+    won = np.zeros((P, N, M), bool)
+    won[0, 0, :2] = True
+    d = tmp_path / "batches"
+    d.mkdir()
+    np.savez(d / "iter_00001.npz", step_mask=step, invalid=invalid, won=won, horizon=np.array([3, 6]))
+    acts = {(0, 0): ["a", "a", "b", "b"], (1, 0): ["c", "c", "c", ""]}
+    trajs = [{"key": [p, n, m], "steps": [{"action": acts[(p, n)][m]}, {"action": "x"}]}
+             for p in range(P) for n in range(N) for m in range(M)]
+    (d / "iter_00001.texts.json").write_text(json.dumps({"trajectories": trajs}))
+    f = figures(tmp_path)
+    assert f["invalid_rate"] == 1 / 16
+    assert f["mixed_groups"] == 0.5 and f["mixed_short"] == 1.0 and f["mixed_medium"] == 0.0
+    assert np.isnan(f["mixed_long"])
+    want = (np.log(2) + -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))) / 2
+    assert abs(f["first_step_entropy"] - want) < 1e-12
