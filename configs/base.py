@@ -2,8 +2,9 @@
 
 Experiment files (`configs/<algo>_<env>.py`) start from `base_config()` and change a few fields.
 Command-line overrides: `python launch.py --config configs/strata_alfworld.py --config.algo.delta=0.25`.
-An unknown key fails in ml_collections' flag parser (it names the key); a bad value fails in
-`validate()` below, naming the key and the allowed values.
+An unknown key is reported by launch.py before the config is parsed (one line naming the key and
+its close matches, exit 2); a bad value fails in `validate()` below, naming the key and the allowed
+values; an option that is configured but not built yet is refused there too.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class RolloutConfig:
     diverse: bool = True  # farthest-point selection; False = the first N candidates
     judgment: bool = True
     judge_train: bool = False  # not wired: raises
-    revise_every: int = 0  # not wired: raises (see validate)
+    revise_every: int = 0  # not wired (issue #15): raises; configs/base.validate refuses it first
     max_steps: int = 30  # H
     history_length: int = 2
     show_first_observation: bool = True  # repeat the first observation in every later step prompt
