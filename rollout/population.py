@@ -327,7 +327,7 @@ class Population:
         if status:
             status("update")
         t3 = time.perf_counter()
-        sums, n_steps = self.update(tbs, iteration)
+        sums, n_steps, no_signal = self.update(tbs, iteration)
         update_s = time.perf_counter() - t3
         skipped = np.asarray(jax.device_get(self.state.skipped))
 
@@ -348,6 +348,7 @@ class Population:
                     row[f"update/{key}"] = sums[k][key] / max(n_steps[k], 1)
             row["update/skipped_total"] = float(skipped[k])
             row["update/steps"] = n_steps[k]
+            row["update/no_signal_skipped"] = no_signal[k]
             row["time/sample_tok_s"] = sample_tok_s
             row["time/rollout_s"], row["time/score_s"] = times["rollout"], times["score"]
             # shared by all copies: one vmapped call each
@@ -357,7 +358,7 @@ class Population:
             rows.append(row)
         return rows, [o[0] for o in outs]
 
-    def update(self, tbs: list[TokenBatch], iteration: int) -> tuple[list[dict], list[int]]:
+    def update(self, tbs: list[TokenBatch], iteration: int) -> tuple[list[dict], list[int], list[int]]:
         """One epoch per copy, vmapped: step j stacks each copy's own j-th mini-batch."""
         c, run = self.config, self.run
         rows = int(c.train.mini_batch_rows)
@@ -372,11 +373,15 @@ class Population:
             mbs.append(own)
         sums: list[dict] = [{} for _ in tbs]
         n_steps = [0] * len(tbs)
+        no_signal = [0] * len(tbs)
         for j in range(max(len(m) for m in mbs)):
             width = max(m[j].tokens.shape[1] for m in mbs if j < len(m))
             # a copy past its epoch, or (train.skip_no_signal) on a mini-batch without signal, keeps
             # its state, as its separate run would (trainer.iteration_step)
-            active = np.asarray([j < len(m) and not (c.train.skip_no_signal and not has_signal(m[j])) for m in mbs])
+            silent = np.asarray([j < len(m) and c.train.skip_no_signal and not has_signal(m[j]) for m in mbs])
+            active = np.asarray([j < len(m) for m in mbs]) & ~silent
+            for k in np.flatnonzero(silent):
+                no_signal[k] += 1
             batch = stack_batches([pad_width(m[j], width, run.pad_id) if j < len(m)
                                    else idle_batch(m[0], width, run.pad_id) for m in mbs])
             self.state, metrics = self._step(self.state, batch, self.lam, active)
@@ -385,7 +390,7 @@ class Population:
                 n_steps[k] += 1
                 for name, v in metrics.items():
                     sums[k][name] = sums[k].get(name, 0.0) + float(np.asarray(v)[k])
-        return sums, n_steps
+        return sums, n_steps, no_signal
 
     def evals(self, eval_envs, etasks, types) -> list[dict]:
         out = []
