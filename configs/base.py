@@ -28,6 +28,7 @@ CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "sampling.kv_dtype": ("float32", "bfloat16"),
     "train.aggregation": ("token_mean", "seq_mean_token_mean"),
+    "train.step_weighting": ("step", "trajectory"),
     "train.schedule": ("constant", "warmup_cosine"),
     "sft.styles": ("own", "both"),
 }
@@ -110,6 +111,10 @@ def base_config() -> mlc.ConfigDict:
     s = c.sampling = mlc.ConfigDict()
     s.temperature = 1.0
     s.eval_temperature = 0.4
+    # Strategy calls of training rollouts only (StraTA); < 0 = the same as temperature. A long strategy
+    # drawn at T = 1 by a weak model is mostly noise, and every action of its M trajectories is
+    # conditioned on it; evaluation draws everything at eval_temperature.
+    s.strategy_temperature = -1.0
     s.top_p = 1.0
     s.top_k = 0
     s.max_action_tokens = 48
@@ -132,6 +137,9 @@ def base_config() -> mlc.ConfigDict:
     t.kl_coef = 0.01
     t.entropy_coef = 0.0  # ALGORITHMS.md: entropy bonus 0.001 is an option
     t.aggregation = "token_mean"
+    # "step": every step row weighs the same; "trajectory": a trajectory's steps share one weight
+    # (long losing trajectories no longer outweigh short wins; strata_jax/advantages/weighting.py)
+    t.step_weighting = "step"
     t.mini_batch_rows = 256  # rows (LLM calls) per optimiser step; one epoch per iteration
     t.micro_batches = 1  # gradient accumulation inside one step
     t.skip_no_signal = True  # skip mini-batches whose advantages are all 0 (no KL/decay-only drift)
@@ -230,6 +238,9 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         raise ConfigError(f"config.sft.judge_share={c.sft.judge_share!r} must be in [0, 1]")
     if not 0.0 < c.sampling.top_p <= 1.0:
         raise ConfigError(f"config.sampling.top_p={c.sampling.top_p!r} must be in (0, 1]")
+    if c.sampling.strategy_temperature >= 0 and c.algo.name not in ("strata", "strata_beacon"):
+        raise ConfigError(f"config.sampling.strategy_temperature={c.sampling.strategy_temperature!r} is set, but "
+                          f"algo.name={c.algo.name!r} samples no strategies (set it to -1)")
     if c.sampling.temperature < 0 or c.sampling.eval_temperature < 0:
         raise ConfigError("config.sampling.temperature / eval_temperature must be >= 0")
     if not 1 <= c.env.horizon_min <= c.env.horizon_max:

@@ -53,6 +53,7 @@ class JaxPolicy:
         self.params = params
         self.tokenizer = tokenizer
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        self.kind_sampling: dict[str, SamplingParams] = {}  # per call kind, overriding `sampling`
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         eos = eos_ids(tokenizer)
         self.samplers = {}
@@ -109,7 +110,7 @@ class JaxPolicy:
         key = jax.random.fold_in(self._key, self._calls)
         self._calls += 1
         t0 = time.perf_counter()
-        out = sampler.generate(self.params, ids, self.sampling, key, stop_sequences=self.stops[kind])
+        out = sampler.generate(self.params, ids, self.kind_sampling.get(kind, self.sampling), key, stop_sequences=self.stops[kind])
         dt = time.perf_counter() - t0
         self.sample_seconds += dt
         self.seconds_by_kind[kind] += dt

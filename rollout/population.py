@@ -288,7 +288,7 @@ class Population:
         params = self.copy_params(k)
         run.policy.params = params
         run.policy.reseed(int(cfg.seed), iteration)
-        Run.set_temperature(run, cfg.sampling.temperature)  # sampling settings are the same for every copy
+        Run.set_temperature(run, cfg.sampling.temperature, cfg.sampling.strategy_temperature)  # sampling settings are the same for every copy
         tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
         res = collect(envs, run.policy, train_tasks(cfg, iteration, n_train), rollout_config(cfg))
         times = {"rollout": time.perf_counter() - t0}
@@ -320,7 +320,8 @@ class Population:
         trajs = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *[o[0].traj for o in outs])
         adv, diag = self._adv(trajs, self.adv_params)  # [K, ...]
         tbs = [token_advantages(outs[k][0].traj, jax.tree.map(lambda x, k=k: x[k], adv), outs[k][1],
-                                jax.tree.map(lambda x, k=k: x[k], self.adv_params)) for k in k_all]
+                                jax.tree.map(lambda x, k=k: x[k], self.adv_params),
+                                str(self.config.train.step_weighting)) for k in k_all]
         diag = jax.device_get(diag)
         adv_s = time.perf_counter() - t2
 

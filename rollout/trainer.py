@@ -28,6 +28,7 @@ from rollout.shards import merge_results, process_shards, shard_tasks, to_host
 from strata_jax import sharding
 from strata_jax.advantages import compute_advantages, invalid_penalty
 from strata_jax.advantages.params import AdvantageParams
+from strata_jax.advantages.weighting import step_weights
 from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages, pad_token_rows
 from strata_jax.checkpoint import Checkpointer
 from strata_jax.diagnostics import compute_diagnostics
@@ -311,11 +312,16 @@ class Run:
         elif self.nproc == 1:
             self.policy.params = self.state.params
 
-    def set_temperature(self, temperature: float) -> None:
+    def set_temperature(self, temperature: float, strategy_temperature: float | None = None) -> None:
+        """Sampling temperature of every call kind; strategy calls get their own when given (>= 0)."""
         from strata_jax.sampling import SamplingParams
 
         s = self.config.sampling
         self.policy.sampling = SamplingParams(temperature=float(temperature), top_p=s.top_p, top_k=s.top_k)
+        self.policy.kind_sampling = {}
+        if strategy_temperature is not None and strategy_temperature >= 0:
+            self.policy.kind_sampling["strategy"] = SamplingParams(
+                temperature=float(strategy_temperature), top_p=s.top_p, top_k=s.top_k)
 
 
 def rollout_shards(config) -> int:
@@ -351,12 +357,15 @@ _compute_advantages = jax.jit(compute_advantages, static_argnames=("algo",))
 _gather = jax.jit(gather_advantages)
 
 
-def token_advantages(traj: TrajectoryBatch, adv, tb: TokenBatch, adv_params: AdvantageParams) -> TokenBatch:
+def token_advantages(traj: TrajectoryBatch, adv, tb: TokenBatch, adv_params: AdvantageParams,
+                     step_weighting: str = "step") -> TokenBatch:
     """The rollout's TokenBatch with each token's advantage filled in: the invalid penalty on the
-    tokens collect marked (TokenBatch.penalty_mask), the step / strategy advantage on the rest.
+    tokens collect marked (TokenBatch.penalty_mask), the step / strategy advantage on the rest,
+    step rows scaled by their weight (`train.step_weighting`, strata_jax/advantages/weighting.py).
     The mask is dropped afterwards: the update reads only `advantage`."""
     tb = jax.tree.map(jnp.asarray, tb)
-    tb = _gather(adv.step, adv.strategy, tb, invalid_penalty(traj, adv_params))
+    w = step_weights(traj, step_weighting)  # [P, N, M, H]
+    tb = _gather(adv.step * w, adv.strategy, tb, invalid_penalty(traj, adv_params) * w)
     return tb.replace(penalty_mask=None)
 
 
@@ -478,7 +487,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     times = {}
     t0 = time.perf_counter()
     run.sync_policy()
-    run.set_temperature(config.sampling.temperature)
+    run.set_temperature(config.sampling.temperature, config.sampling.strategy_temperature)
     tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
     kind0 = dict(run.policy.seconds_by_kind)
     res = collect_iteration(run, envs, iteration, n_train)
@@ -497,7 +506,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
 
     t2 = time.perf_counter()
     adv = _compute_advantages(res.traj, run.adv_params, algo=config.algo.name)
-    tb = token_advantages(res.traj, adv, tb, run.adv_params)
+    tb = token_advantages(res.traj, adv, tb, run.adv_params, str(config.train.step_weighting))
     diag = jax.device_get(compute_diagnostics(res.traj, adv))
     times["advantages"] = time.perf_counter() - t2
 

@@ -1,0 +1,53 @@
+"""JaxPolicy's per-kind sampling: `sampling.strategy_temperature` draws strategy calls at their own
+temperature, and every other call kind keeps the policy's temperature (issue #13)."""
+
+import pytest
+
+from configs.base import ConfigError, base_config, validate, with_algo_env
+from rollout.jax_policy import JaxPolicy
+from strata_jax.models.hf import load_hf_model, load_tokenizer
+from strata_jax.models.tiny import make_tiny_model
+from strata_jax.sampling import SamplingParams
+
+TEXTS = ["go to countertop 1", "take apple 1 from countertop 1", "You open the fridge 1.",
+         "Your task is to: put a clean mug in the coffeemachine.", "Nothing happens."] * 4
+PROMPTS = [[{"role": "user", "content": f"Your task is to: put apple {i} in the fridge 1."}] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen2", TEXTS, vocab_size=384, hidden_size=32,
+                           layers=1, heads=2, kv_heads=1, intermediate_size=64)
+    (graphdef, params), _ = load_hf_model(path, split=True)
+    return JaxPolicy(graphdef, params, load_tokenizer(path), {"strategy": 12, "action": 12},
+                     prompt_buckets=(64,), batch_buckets=(8,), temperature=1.0, seed=0)
+
+
+def _texts(policy, kind, seed):
+    policy.reseed(seed)
+    return [g.text for g in policy.generate(PROMPTS, kind)]
+
+
+def test_strategy_calls_use_their_own_temperature(policy):
+    policy.kind_sampling = {}
+    greedy_policy_sampling = policy.sampling
+    policy.sampling = SamplingParams(temperature=0.0)
+    greedy = {k: _texts(policy, k, 0) for k in ("strategy", "action")}
+    policy.sampling = greedy_policy_sampling
+    # a random model at T = 1 spreads its mass over the vocabulary: samples are not the greedy text
+    assert _texts(policy, "strategy", 1) != greedy["strategy"]
+    policy.kind_sampling = {"strategy": SamplingParams(temperature=0.0)}
+    assert _texts(policy, "strategy", 1) == greedy["strategy"]
+    assert _texts(policy, "strategy", 2) == greedy["strategy"]
+    assert _texts(policy, "action", 1) != greedy["action"]  # other kinds keep T = 1
+    policy.kind_sampling = {}
+
+
+def test_strategy_temperature_is_refused_without_strategies():
+    c = with_algo_env(base_config(), "grpo", "household")
+    c.sampling.strategy_temperature = 0.5
+    with pytest.raises(ConfigError, match="strategy_temperature"):
+        validate(c)
+    c = with_algo_env(base_config(), "strata", "household")
+    c.sampling.strategy_temperature = 0.5
+    validate(c)  # StraTA accepts it
