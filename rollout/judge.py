@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from rollout.parsing import parse_bad_steps
 from rollout.prompts import judge_prompt
+from strata_jax.advantages.judge import judge_quality
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,14 @@ def majority(sets: np.ndarray, ok: np.ndarray) -> np.ndarray:
     judgment's set is empty); the host twin of strata_jax.advantages.judge.majority_sets."""
     votes = (sets & ok[..., None]).sum(axis=1)
     return 2 * votes > sets.shape[1]
+
+
+
+_judge_quality = jax.jit(judge_quality)
+
+
+def judge_quality_row(traj) -> dict[str, float]:
+    """The metrics row of the self-judgment's quality against the environment's labels
+    (strata_jax.advantages.judge.judge_quality): judge/precision, judge/recall and their counts."""
+    q = jax.device_get(_judge_quality(traj))
+    return {f"judge/{k.removeprefix('judge_')}": float(v) for k, v in q.items()}
