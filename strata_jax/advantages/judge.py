@@ -26,7 +26,7 @@ def majority_sets(judge_sets: jax.Array, judge_ok: jax.Array) -> jax.Array:
     return 2 * votes > judge_sets.shape[3]
 
 
-def judge_reward(batch: TrajectoryBatch) -> tuple[jax.Array, jax.Array]:
+def judgment_reward(batch: TrajectoryBatch) -> tuple[jax.Array, jax.Array]:
     """R_j -> ([P, N, M, J] f32, [P, N, M, J] bool: the judgment takes part)."""
     label = jnp.where(batch.step_mask, batch.step_label, 0)[:, :, :, None, :]  # [P, N, M, 1, H]
     labelled = label != 0
@@ -41,7 +41,7 @@ def judge_reward(batch: TrajectoryBatch) -> tuple[jax.Array, jax.Array]:
 
 def judge_advantage(batch: TrajectoryBatch) -> jax.Array:
     """GRPO over the J judgments of each trajectory -> [P, N, M, J] f32 (0 for J < 2)."""
-    r, valid = judge_reward(batch)
+    r, valid = judgment_reward(batch)
     if r.shape[3] == 0:  # no judgments recorded: nothing to normalise (and no max over 0 members)
         return r
     return axis_normalize(r, valid, (3,), "std")
