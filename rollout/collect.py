@@ -628,13 +628,14 @@ def _stats(st: _State, tokens: TokenBatch) -> dict[str, float]:
         "milestones": float((st.milestone & steps).sum()),
         "strategies": float(_strategy_mask(st).sum()),
         "strategy_malformed": float((st.z_malformed & _strategy_mask(st)).sum()),
-        "revisions": float(st.rev.mask[in_batch].sum()),
-        "revision_malformed": float((st.rev.mask & st.rev.malformed)[in_batch].sum()),
         "sampled_tokens": float(st.sampled_tokens),
         "rows": float(np.asarray(tokens.row_valid).sum()),
         "rows_padded": float(tokens.tokens.shape[0]),
         "row_length": float(tokens.tokens.shape[1]),
     }
+    if st.rev.R:  # issue #15: only runs that revise report it (the metrics rows of other runs are unchanged)
+        out["revisions"] = float(st.rev.mask[in_batch].sum())
+        out["revision_malformed"] = float((st.rev.mask & st.rev.malformed)[in_batch].sum())
     reasons = {r: 0 for r in INVALID_REASONS}
     for e in np.flatnonzero(in_batch):
         for t in np.flatnonzero(invalid[e]):
