@@ -49,8 +49,8 @@ def base_config() -> mlc.ConfigDict:
     a.oversample = 8  # sigma: sample sigma * N strategy candidates, keep N
     a.diverse = True  # farthest-point selection on (False: the first N candidates)
     a.judgment = True  # self-judgment step penalties on
-    a.judge_train = False  # train the judgment tokens too (not wired: must stay False)
-    a.revise_every = 0  # re-sample the strategy every K steps (0 = off; beyond the paper)
+    a.judge_train = False  # train the judgment tokens (GRPO over judge.samples >= 2; docs/CONTRACTS.md)
+    a.revise_every = 0  # revise the strategy before steps K, 2K, ... (0 = off; beyond the paper; strata only)
     a.milestones = "facts"  # BEACON milestone source: game facts or the expert plan
     a.delta = 0.5  # top-delta share of a strategy's returns
     a.kappa = 0.1  # self-judgment penalty per bad step
@@ -69,6 +69,10 @@ def base_config() -> mlc.ConfigDict:
     a.stats_over_steps = False
     a.gigpo_norm = "std"
     a.seg_norm = "mean"
+
+    # --- self-judgment (issue #15, docs/CONTRACTS.md) --------------------------------------------
+    j = c.judge = mlc.ConfigDict()
+    j.samples = 1  # k judgments per trajectory; the strict-majority set is penalised (1 = ALGORITHMS 3.4)
 
     # --- environment -------------------------------------------------------------------------------
     e = c.env = mlc.ConfigDict()
@@ -215,7 +219,7 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     positive = ["iterations", "algo.tasks_per_iter", "algo.group_size", "algo.num_strategies",
                 "algo.traj_per_strategy", "algo.oversample", "env.max_steps", "train.mini_batch_rows",
                 "train.micro_batches", "sampling.max_action_tokens", "sampling.max_strategy_tokens",
-                "sampling.max_judge_tokens", "checkpoint.keep", "algo.strategy_budget"]
+                "sampling.max_judge_tokens", "checkpoint.keep", "algo.strategy_budget", "judge.samples"]
     for key in positive:
         if _get(c, key) < 1:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 1")
@@ -278,11 +282,17 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
 def _refuse_unbuilt(c: mlc.ConfigDict) -> None:
     """Options that exist in the config but have no code behind them yet: refused before any work,
     never ignored, and never left to fail at rollout time after the SFT warm start."""
-    if c.algo.judge_train:
-        raise ConfigError("config.algo.judge_train=True is not wired yet: judgment tokens cannot be trained")
-    if c.algo.revise_every:
-        raise ConfigError(f"config.algo.revise_every={c.algo.revise_every!r}: strategy revision is not built yet "
-                          "(issue #15); set it to 0")
+    strata = c.algo.name.startswith("strata")
+    if c.algo.revise_every and not strata:
+        raise ConfigError(f"config.algo.revise_every={c.algo.revise_every!r} revises a strategy: only strata / "
+                          f"strata+beacon have one, not {c.algo.name!r}")
+    if c.judge.samples > 1 and not c.algo.judgment:
+        raise ConfigError(f"config.judge.samples={c.judge.samples!r} needs config.algo.judgment=True")
+    if c.algo.judge_train and not c.algo.judgment:
+        raise ConfigError("config.algo.judge_train=True needs config.algo.judgment=True")
+    if c.algo.judge_train and c.judge.samples < 2:
+        raise ConfigError(f"config.algo.judge_train=True needs config.judge.samples >= 2 (GRPO over the k judgments "
+                          f"of a trajectory), got {c.judge.samples!r}")
     if c.algo.milestones != "facts" and c.env.name != "alfworld":
         raise ConfigError(f"config.algo.milestones={c.algo.milestones!r} is only wired for env.name='alfworld', "
                           f"not {c.env.name!r} (its milestones come from the environment)")
@@ -291,12 +301,14 @@ def _refuse_unbuilt(c: mlc.ConfigDict) -> None:
 def _check_batch_buckets(c: mlc.ConfigDict) -> None:
     """The sampler batches every policy call of a kind into one program of at most
     max(sampling.batch_buckets) rows: a larger call would fail only at rollout or eval time, after
-    SFT; refuse it here. Calls: strategy candidates P*sigma*N, actions and judgments P*N*M (flat:
-    P*G), evaluation eval.num_tasks."""
+    SFT; refuse it here. Calls: strategy candidates P*sigma*N, actions and revisions P*N*M (flat:
+    P*G), judgments P*N*M*judge.samples, evaluation eval.num_tasks."""
     a = c.algo
     strata = a.name.startswith("strata")
     per_task = a.num_strategies * a.traj_per_strategy if strata else a.group_size
     need = {"algo.tasks_per_iter x trajectories per task": a.tasks_per_iter * per_task}
+    if a.judgment:
+        need["algo.tasks_per_iter x trajectories per task x judge.samples"] = a.tasks_per_iter * per_task * c.judge.samples
     if strata:
         need["algo.tasks_per_iter x oversample x num_strategies"] = a.tasks_per_iter * a.oversample * a.num_strategies
     if c.eval.every:

@@ -7,7 +7,10 @@ One iteration over `P` tasks (ALGORITHMS 0, 3.1-3.4):
    farthest-point selection on their embeddings (or the first N); flat mode has no strategy;
 3. every step, the prompts of all running envs go to the policy in ONE call; outputs are parsed,
    invalid ones are sent as "" (the env's no-op) and marked invalid;
-4. self-judgment: one policy call over all finished trajectories (rollout/judge.py);
+   with `revise_every = K`, before steps K, 2K, ... one policy call revises the strategy of every
+   running trajectory (rollout/revision.py; issue #15);
+4. self-judgment: one policy call over all finished trajectories, `judge_samples` per trajectory
+   (rollout/judge.py);
 5. TrajectoryBatch [P, N, M, H] + TokenBatch (one row per trained LLM call).
 
 A crashed environment never stops the run: its trajectory keeps its slot with step_mask all False
@@ -29,6 +32,7 @@ from tqdm.auto import tqdm
 
 from rollout import judge as judge_mod
 from rollout import prompts
+from rollout import revision as revision_mod
 from rollout.parsing import (INADMISSIBLE, INVALID_REASONS, TOO_LONG, action_content_span, parse_action,
                              parse_strategy)
 from rollout.envs import INTROS, REWARD_IN_RETURN
@@ -52,8 +56,9 @@ class RolloutConfig:
     oversample: int = 8  # sigma: sigma*N candidates per task
     diverse: bool = True  # farthest-point selection; False = the first N candidates
     judgment: bool = True
-    judge_train: bool = False  # not wired: raises
-    revise_every: int = 0  # not wired (issue #15): raises; configs/base.validate refuses it first
+    judge_samples: int = 1  # k judgments per trajectory; the strict-majority set is penalised
+    judge_train: bool = False  # judgment rows join the TokenBatch (GRPO over the k; needs k >= 2)
+    revise_every: int = 0  # K: revise the strategy before steps K, 2K, ... (0 = off; strata only)
     max_steps: int = 30  # H
     history_length: int = 2
     show_first_observation: bool = True  # repeat the first observation in every later step prompt
@@ -87,21 +92,29 @@ class RolloutConfig:
         if self.penalty_tokens not in PENALTY_TOKENS:
             raise ValueError(f"RolloutConfig.penalty_tokens={self.penalty_tokens!r}; choose one of {PENALTY_TOKENS}")
         for name in ("group_size", "num_strategies", "traj_per_strategy", "oversample",
-                     "max_steps", "row_multiple"):
+                     "max_steps", "row_multiple", "judge_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1")
-        if self.judge_train:
-            raise NotImplementedError(
-                "judge_train=True: training the self-judgment tokens is not wired (no advantage is "
-                "defined for judgment rows, and TokenBatch.row_index has no code for them)")
-        if self.revise_every:
-            raise NotImplementedError(
-                "revise_every > 0: strategy revision is not wired. Each revision is a strategy "
-                "sample of a single trajectory suffix that would join its task's strategy group, "
-                "but strategy arrays are [P, N] with strategy n owning trajectories [P, n, :, :]; "
-                "a revision needs its own strategy slot with its own trajectory mapping, which "
-                "TrajectoryBatch / gather_advantages do not represent")
+        if self.revise_every < 0:
+            raise ValueError(f"RolloutConfig.revise_every={self.revise_every} must be >= 0")
+        if self.revise_every and self.mode != "strata":
+            raise ValueError("RolloutConfig.revise_every > 0 revises a strategy: only mode='strata' has one")
+        if self.judge_train and not self.judgment:
+            raise ValueError("RolloutConfig.judge_train=True needs judgment=True (there is nothing to train)")
+        if self.judge_train and self.judge_samples < 2:
+            raise ValueError(f"RolloutConfig.judge_train=True needs judge_samples >= 2 (GRPO over the k "
+                             f"judgments of a trajectory; k={self.judge_samples} gives only singleton groups)")
         return self
+
+    @property
+    def num_revisions(self) -> int:
+        """R: revision slots per trajectory."""
+        return revision_mod.num_revisions(self.max_steps, self.revise_every)
+
+    @property
+    def num_judgments(self) -> int:
+        """J: judgments recorded per trajectory (0 without self-judgment)."""
+        return self.judge_samples if self.judgment else 0
 
     @classmethod
     def from_config(cls, c: Any, eval_mode: bool = False) -> "RolloutConfig":
@@ -114,7 +127,8 @@ class RolloutConfig:
         cfg = cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
                   num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
                   oversample=c.algo.oversample, diverse=c.algo.diverse, judgment=c.algo.judgment,
-                  judge_train=c.algo.judge_train, revise_every=c.algo.revise_every,
+                  judge_samples=int(c.judge.samples), judge_train=bool(c.algo.judge_train),
+                  revise_every=int(c.algo.revise_every),
                   max_steps=c.env.max_steps, history_length=c.env.history_length,
                   show_first_observation=bool(c.env.show_first_observation),
                   r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
@@ -124,7 +138,7 @@ class RolloutConfig:
                   row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
         if eval_mode:
             cfg = dataclasses.replace(cfg, group_size=1, num_strategies=1, traj_per_strategy=1,
-                                      oversample=1, diverse=False, judgment=False)
+                                      oversample=1, diverse=False, judgment=False, judge_train=False)
         return cfg
 
 
@@ -213,7 +227,15 @@ class _State:
         self.z_malformed = np.zeros((self.P, self.N), bool)
         self.z_kept = np.zeros((self.P, self.N), bool)
         self.candidates: list[list[str]] = [[] for _ in range(self.P)]
-        self.judge_texts: dict[tuple[int, int, int], str] = {}
+        self.judge_texts: dict[tuple[int, int, int], Any] = {}
+        # issue #15: revisions, the step's strategy slot, state changes, k judgments
+        self.rev = revision_mod.Revisions(E, cfg.num_revisions, [None] * E)
+        self.step_slot = np.zeros((E, H), np.int32)
+        self.changed = np.ones((E, H), bool)
+        J = cfg.num_judgments
+        self.judge_valid, self.judge_ok = np.zeros((E, J), bool), np.zeros((E, J), bool)
+        self.judge_sets = np.zeros((E, J, H), bool)
+        self.judge_gens: dict[tuple[int, int], Generation] = {}
         self.policy_s = self.env_s = 0.0
         self.cut_at_horizon = 0
         self.sampled_tokens = 0
@@ -288,6 +310,7 @@ def _strategies(policy: Policy, st: _State, cfg: RolloutConfig) -> None:
     # Trajectories of a strategy slot that has no strategy never run (counted as "unrun").
     slot_kept = np.repeat(st.z_kept.reshape(-1), st.M)
     st.alive &= slot_kept
+    st.rev.current = [st.z[p][n] for p, n, _ in map(st.pnm, range(st.E))]
 
 
 def _candidate_arrays(st: _State, by_key: dict, K: int, diverse: bool):
@@ -321,8 +344,10 @@ def select_strategies(emb: np.ndarray, cand: np.ndarray, score: np.ndarray, n: i
 
 def _step_prompt(st: _State, e: int, t: int, cfg: RolloutConfig):
     p, n, _ = st.pnm(e)
+    # the strategy in force: z_n, or its latest adopted revision (rollout/revision.py)
+    z = st.rev.current[e] if cfg.revise_every else st.z[p][n]
     return prompts.step_prompt(st.task_line[p], st.obs[e], st.admissible[e], st.history[e],
-                               strategy=st.z[p][n], step=t, history_length=cfg.history_length,
+                               strategy=z, step=t, history_length=cfg.history_length,
                                intro=cfg.intro,
                                first_observation=st.first_obs[p] if cfg.show_first_observation else None)
 
@@ -334,6 +359,8 @@ def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> Non
         if not active:
             break
         bar.set_postfix(active=len(active))
+        if revision_mod.is_revision_step(t, cfg.revise_every):
+            _revise(policy, st, cfg, active, t)
         msgs = [_step_prompt(st, e, t, cfg) for e in active]
         gens = _generate(policy, st, msgs, "action", [(*st.pnm(e), t) for e in active])
         parsed = [parse_action(g.text, st.admissible[e]) for e, g in zip(active, gens)]
@@ -346,6 +373,15 @@ def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> Non
     st.alive[:] = False
 
 
+def _revise(policy: Policy, st: _State, cfg: RolloutConfig, active: list[int], t: int) -> None:
+    """Revision r = t // K - 1 of every running trajectory, in one "strategy" call."""
+    r = t // cfg.revise_every - 1
+    words = prompts.STRATEGY_WORDS if cfg.strategy_budget is None else max(cfg.strategy_budget * 3 // 4, 1)
+    msgs = revision_mod.revision_prompts(st, active, t, cfg, words)
+    gens = _generate(policy, st, msgs, "strategy", [(*st.pnm(e), r) for e in active])
+    revision_mod.apply_revisions(st.rev, active, r, t, gens, cfg.strategy_budget)
+
+
 def _record_step(st: _State, e: int, t: int, g: Generation, pa, r: EnvOut) -> None:
     st.gens[e].append(g)
     st.logs[e].append({"obs": st.obs[e], "output": g.text, "action": pa.action, "reason": pa.reason})
@@ -353,6 +389,8 @@ def _record_step(st: _State, e: int, t: int, g: Generation, pa, r: EnvOut) -> No
         st.crashed[e], st.alive[e], st.errors[e] = True, False, r.error
         return
     st.step_mask[e, t], st.invalid[e, t] = True, not pa.valid
+    st.step_slot[e, t] = st.rev.slot[e]
+    st.changed[e, t] = judge_mod.state_changed(r.info, r.obs)
     st.anchor_id[e, t] = text_id(st.obs[e])
     st.action_id[e, t] = text_id(pa.action) if pa.valid else -1  # an invalid output has no action
     st.env_reward[e, t] = r.reward
@@ -367,21 +405,33 @@ def _record_step(st: _State, e: int, t: int, g: Generation, pa, r: EnvOut) -> No
 
 
 def _judge(policy: Policy, st: _State, cfg: RolloutConfig) -> dict[str, float]:
+    """k = judge_samples judgments per finished trajectory in one call; the strict-majority set is
+    penalised (k = 1: the judgment itself). Keys (p, n, m), or (p, n, m, j) when k > 1."""
     done = np.flatnonzero(~st.masked()).tolist()
-    items = []
+    J = cfg.judge_samples
+    items, where = [], []
     for e in done:
         p, n, m = st.pnm(e)
-        items.append(judge_mod.JudgeItem(key=(p, n, m), task=st.task_line[p], strategy=st.z[p][n],
-                                         steps=st.history[e]))
+        z = st.rev.strategy_history(e) if cfg.revise_every else st.z[p][n]
+        for j in range(J):
+            items.append(judge_mod.JudgeItem(key=(p, n, m) if J == 1 else (p, n, m, j), task=st.task_line[p],
+                                             strategy=z, steps=st.history[e]))
+            where.append((e, j))
     msgs = judge_mod.judge_prompts(items, cfg.judge_excerpt_chars)
     gens = _generate(policy, st, msgs, "judge", [it.key for it in items]) if items else []
     verdicts = judge_mod.verdicts(items, gens)
     fails = 0
-    for e, it, v in zip(done, items, verdicts):
-        st.judge_texts[it.key] = v.text
+    texts: dict[int, list[str]] = {}
+    for (e, j), g, v in zip(where, gens, verdicts):
+        texts.setdefault(e, []).append(v.text)
         fails += not v.ok
+        st.judge_valid[e, j], st.judge_ok[e, j] = True, v.ok
+        st.judge_gens[(e, j)] = g
         for k in v.bad:
-            st.judged_bad[e, k - 1] = True
+            st.judge_sets[e, j, k - 1] = True
+    for e in done:
+        st.judge_texts[st.pnm(e)] = texts[e][0] if J == 1 else texts[e]
+    st.judged_bad[:] = judge_mod.majority(st.judge_sets, st.judge_ok)
     return {"judge_calls": float(len(items)), "judge_parse_fail": float(fails),
             "judge_parse_fail_rate": fails / max(len(items), 1),
             "judged_bad_steps": float(st.judged_bad.sum())}
@@ -415,13 +465,24 @@ def _traj_batch(st: _State, cfg: RolloutConfig) -> TrajectoryBatch:
         for n in range(st.N):
             g = st.z_gen[p][n]
             strategy_len[p, n] = 0 if g is None else len(g.response_ids)
+    R, J = cfg.num_revisions, cfg.num_judgments
+    per = lambda a, k: np.where(keep, a, np.zeros_like(a)).reshape(shape[:3] + k)  # noqa: E731  [E, k] -> [P,N,M,k]
+    rev_len = np.zeros((st.E, R), np.int32)
+    for (e, r), g in st.rev.gens.items():
+        rev_len[e, r] = len(g.response_ids)
+    labels = judge_mod.step_labels(st.step_mask, st.milestone, st.invalid, st.action_id, st.changed)
     return TrajectoryBatch.from_numpy(
         step_mask=step(st.step_mask), won=won.reshape(shape[:3]),
         episode_return=ret.astype(np.float32).reshape(shape[:3]),
         env_reward=step(st.env_reward), invalid=step(st.invalid), milestone=step(st.milestone),
         judged_bad=step(st.judged_bad), anchor_id=ids(st.anchor_id), action_id=ids(st.action_id),
         strategy_mask=_strategy_mask(st), strategy_len=strategy_len,
-        strategy_malformed=st.z_malformed & _strategy_mask(st), horizon=st.horizon)
+        strategy_malformed=st.z_malformed & _strategy_mask(st), horizon=st.horizon,
+        step_slot=step(st.step_slot), step_label=step(labels),
+        revision_mask=per(st.rev.mask, (R,)), revision_len=per(rev_len, (R,)),
+        revision_malformed=per(st.rev.malformed, (R,)),
+        judge_valid=per(st.judge_valid, (J,)), judge_ok=per(st.judge_ok, (J,)),
+        judge_sets=np.where(keep[:, :, None], st.judge_sets, False).reshape(shape[:3] + (J, st.H)))
 
 
 def _strategy_mask(st: _State) -> np.ndarray:
@@ -430,19 +491,28 @@ def _strategy_mask(st: _State) -> np.ndarray:
     return st.z_kept & has_traj
 
 
-def _token_rows(st: _State) -> list[tuple[Generation, tuple[int, int, int, int]]]:
-    """Every trained LLM call: kept strategies (t = -1), then every step of every batch trajectory."""
+def _token_rows(st: _State, cfg: RolloutConfig) -> list[tuple[Generation, tuple[int, int, int, int]]]:
+    """Every trained LLM call: kept strategies (t = -1) and revisions (t = -2 - r), then every step
+    (t) and, with judge_train, every judgment (t = H + j) of every batch trajectory, ordered by
+    (t >= 0, p, n, m, t) as rollout/shards.py merges shards."""
     rows = []
     smask = _strategy_mask(st)
     for p, n in zip(*np.nonzero(smask)):
         rows.append((st.z_gen[p][n], (int(p), int(n), 0, -1)))
     masked = st.masked()
+    for (e, r), g in st.rev.gens.items():
+        if not masked[e]:
+            rows.append((g, (*st.pnm(e), -2 - r)))
     for e in range(st.E):
         if masked[e]:
             continue
         p, n, m = st.pnm(e)
         rows += [(g, (p, n, m, t)) for t, g in enumerate(st.gens[e][: st.length[e]])]
-    return rows
+    if cfg.judge_train:
+        rows += [(g, (*st.pnm(e), st.H + j)) for (e, j), g in st.judge_gens.items() if not masked[e]]
+    ri = np.asarray([idx for _, idx in rows], np.int64).reshape(-1, 4)
+    order = np.lexsort((ri[:, 3], ri[:, 2], ri[:, 1], ri[:, 0], ri[:, 3] >= 0)) if rows else []
+    return [rows[i] for i in order]
 
 
 def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str) -> np.ndarray:
@@ -471,7 +541,7 @@ def _penalty_mask(st: _State, rows: list, packed: dict, decode: Any, cfg: Rollou
     mask = np.zeros_like(packed["loss_mask"])
     length = mask.shape[1]
     for s, (g, (p, n, m, t)) in enumerate(rows):
-        if t < 0:
+        if not 0 <= t < st.H:  # strategies, revisions and judgments carry no invalid penalty
             continue
         e = (p * st.N + n) * st.M + m
         if not st.invalid[e, t]:
@@ -482,7 +552,7 @@ def _penalty_mask(st: _State, rows: list, packed: dict, decode: Any, cfg: Rollou
 
 
 def _token_batch(st: _State, cfg: RolloutConfig, decode: Any = None) -> TokenBatch:
-    rows = _token_rows(st)
+    rows = _token_rows(st, cfg)
     longest = max((len(g.prompt_ids) + len(g.response_ids) for g, _ in rows), default=1)
     length = bucket(longest, cfg.length_buckets)
     num_rows = max(-(-len(rows) // cfg.row_multiple), 1) * cfg.row_multiple
@@ -563,6 +633,9 @@ def _stats(st: _State, tokens: TokenBatch) -> dict[str, float]:
         "rows_padded": float(tokens.tokens.shape[0]),
         "row_length": float(tokens.tokens.shape[1]),
     }
+    if st.rev.R:  # issue #15: only runs that revise report it (the metrics rows of other runs are unchanged)
+        out["revisions"] = float(st.rev.mask[in_batch].sum())
+        out["revision_malformed"] = float((st.rev.mask & st.rev.malformed)[in_batch].sum())
     reasons = {r: 0 for r in INVALID_REASONS}
     for e in np.flatnonzero(in_batch):
         for t in np.flatnonzero(invalid[e]):
@@ -577,5 +650,6 @@ def _texts(st: _State) -> dict[str, Any]:
         p, n, m = st.pnm(e)
         trajs.append({"key": (p, n, m), "task": st.task_line[p], "strategy": st.z[p][n],
                       "won": bool(st.won[e]), "crashed": bool(st.crashed[e]), "error": st.errors[e],
-                      "steps": st.logs[e], "judge": st.judge_texts.get((p, n, m))})
+                      "steps": st.logs[e], "judge": st.judge_texts.get((p, n, m)),
+                      "revisions": st.rev.log[e]})
     return {"candidates": st.candidates, "strategies": st.z, "trajectories": trajs}

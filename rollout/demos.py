@@ -135,13 +135,12 @@ def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "house
         return walks[key]
 
     def script(messages: Messages, kind: str, key: Hashable) -> str:
-        if kind == "strategy":
-            p, _ = key
-            return f"<strategy>{solved[p][1]}</strategy>"
+        if kind == "strategy":  # at reset (p, k) and at a revision (p, n, m, r): the expert keeps its plan
+            return f"<strategy>{solved[key[0]][1]}</strategy>"
         if kind == "action":
             p, n, m, t = key
             return f"{THINK}<action>{walk(p, (p, n, m)).next_action()}</action>"
-        w = walks.get(tuple(key))
+        w = walks.get(tuple(key[:3]))  # judge keys: (p, n, m), or (p, n, m, j) with several samples
         bad = w.detours if w is not None else []
         return f"<bad_steps>{', '.join(map(str, bad)) if bad else 'none'}</bad_steps>"
 
@@ -241,9 +240,10 @@ def demo_rollout_config(config: Any) -> RolloutConfig:
     import dataclasses
 
     cfg = RolloutConfig.from_config(config)
+    # one judgment per task: the demonstrations' verdicts are rows of their own (ExpertPolicy)
     return dataclasses.replace(cfg, group_size=1, num_strategies=1, traj_per_strategy=1, oversample=1,
-                               diverse=False, judgment=True, progress=False, length_buckets=None,
-                               row_multiple=8)
+                               diverse=False, judgment=True, judge_samples=1, judge_train=False,
+                               progress=False, length_buckets=None, row_multiple=8)
 
 
 def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:

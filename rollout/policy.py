@@ -3,7 +3,8 @@
 A policy turns a batch of chat prompts into generations in ONE call (the JAX sampler batches
 them on the accelerator). `kind` tells the policy which token budget / stop rule applies:
 "strategy", "action" or "judge". `keys` identify each prompt's LLM call in the iteration
-(strategy (p, k), action (p, n, m, t), judge (p, n, m)); a sampler may ignore them or use them to
+(strategy (p, k), revision (p, n, m, r) of kind "strategy", action (p, n, m, t), judge (p, n, m), or
+(p, n, m, j) with several judge samples); a sampler may ignore them or use them to
 derive per-row RNG streams, a scripted policy uses them to script each trajectory.
 """
 

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from rollout import report
 from rollout.ablate import LOSS_ONLY, SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
+from rollout.judge import judge_quality_row
 from rollout.trainer import (Run, _diag_row, _loss_dict, has_signal, token_advantages, _save_batch, _score_rows, advantage_params,
                              check_window, eval_tasks, make_envs, num_tasks, rollout_config, run_evals,
                              task_types_of, train_tasks, trajectories_per_task, trim_rows)
@@ -341,9 +342,10 @@ class Population:
             tm = np.asarray(res.traj.traj_mask)
             row["train/episode_return"] = float(np.asarray(res.traj.episode_return)[tm].mean()) if tm.any() else 0.0
             for key in ("invalid_rate", "crashed", "unrun", "judge_parse_fail_rate", "judged_bad_steps",
-                        "strategy_malformed", "milestones", "mean_episode_len"):
+                        "strategy_malformed", "milestones", "mean_episode_len", "revisions", "revision_malformed"):
                 if key in res.stats:
                     row[f"train/{key}"] = float(res.stats[key])
+            row.update(judge_quality_row(res.traj) if self.config.algo.judgment else {})  # issue #15, as trainer
             for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
                 if key in sums[k]:
                     row[f"update/{key}"] = sums[k][key] / max(n_steps[k], 1)

@@ -124,3 +124,26 @@ def judge_prompt(task: str, strategy: str | None, steps: Sequence[tuple[str, str
         "List their numbers inside <bad_steps>...</bad_steps>, for example "
         "<bad_steps>2, 5</bad_steps>, or <bad_steps>none</bad_steps> if every step was useful.")
     return _user("\n".join(lines))
+
+
+def revision_prompt(task: str, observation: str, strategy: str | None,
+                    history: Sequence[tuple[str, str]], step: int, recent: int,
+                    max_words: int = STRATEGY_WORDS, intro: str = INTRO) -> Messages:
+    """Strategy revision (issue #15, docs/CONTRACTS.md): before step `step` (0-based), the agent
+    may rewrite its strategy from the strategy in force, its last `recent` steps and the current
+    observation. Same answer format as the strategy prompt, so a revision is a strategy sample."""
+    lines = [intro, f"Your task is to: {task}",
+             f"Your strategy so far: {strategy}" if strategy else "You had no explicit strategy."]
+    shown = list(history)[-recent:] if recent > 0 else []
+    lines.append(f"You have taken {step} step(s). Your last {len(shown)} step(s):")
+    first = step - len(shown)
+    for i, (obs, act) in enumerate(shown):
+        lines.append(f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} "
+                     f"Action: {_shown_action(act)}")
+    lines.append(f"Current observation (step {step + 1}): {_cut(observation, OBS_CHARS)}")
+    lines.append(
+        "\nRevise your strategy for the rest of the episode given this progress: keep what still "
+        "holds and change what does not. "
+        f"Use at most {max_words} words and no actions list.\n"
+        "Answer with the strategy inside <strategy>...</strategy>.")
+    return _user("\n".join(lines))

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from rollout import report
 from rollout.collect import RolloutConfig, collect
+from rollout.judge import judge_quality_row
 from rollout.jax_policy import JaxPolicy
 from rollout.shards import merge_results, process_shards, shard_tasks, to_host
 from strata_jax import sharding
@@ -365,7 +366,7 @@ def token_advantages(traj: TrajectoryBatch, adv, tb: TokenBatch, adv_params: Adv
     The mask is dropped afterwards: the update reads only `advantage`."""
     tb = jax.tree.map(jnp.asarray, tb)
     w = step_weights(traj, step_weighting)  # [P, N, M, H]
-    tb = _gather(adv.step * w, adv.strategy, tb, invalid_penalty(traj, adv_params) * w)
+    tb = _gather(adv.step * w, adv.strategy, tb, invalid_penalty(traj, adv_params) * w, adv.revision, adv.judge)
     return tb.replace(penalty_mask=None)
 
 
@@ -392,10 +393,10 @@ def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:
 
 def logprob_window(config) -> int:
     """Columns at the end of a token row that can hold a trained response: the longest budget of
-    a trained call kind (strategies and actions; judgments are not trained). The update and the
+    a trained call kind (strategies, revisions and actions; judgments with algo.judge_train). The update and the
     scoring run the vocabulary head on these columns only (see train.sequence_logprobs)."""
     s = config.sampling
-    return int(max(s.max_action_tokens, s.max_strategy_tokens))
+    return int(max(s.max_action_tokens, s.max_strategy_tokens, s.max_judge_tokens if config.algo.judge_train else 0))
 
 
 def check_window(loss_mask: np.ndarray, window: int) -> None:
@@ -534,10 +535,11 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     row = {"iteration": iteration}
     row.update(_diag_row("train", diag))
     row["train/success"] = float(res.stats["success_rate"])
+    row.update(judge_quality_row(res.traj) if config.algo.judgment else {})  # issue #15: judge/precision, judge/recall
     row["train/episode_return"] = float(np.asarray(res.traj.episode_return)[np.asarray(res.traj.traj_mask)].mean()) \
         if np.asarray(res.traj.traj_mask).any() else 0.0
     for k in ("invalid_rate", "crashed", "unrun", "judge_parse_fail_rate", "judged_bad_steps", "strategy_malformed",
-              "milestones", "mean_episode_len"):
+              "milestones", "mean_episode_len", "revisions", "revision_malformed"):
         if k in res.stats:
             row[f"train/{k}"] = float(res.stats[k])
     for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):

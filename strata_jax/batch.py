@@ -32,6 +32,22 @@ _TRAJ_FIELDS = {
     "strategy_malformed": ("PN", "b", jnp.bool_),
     "horizon": ("P", "iu", jnp.int32),
 }
+# Optional fields (issue #15, docs/CONTRACTS.md "Strategy revision and trained self-judgment"):
+# absent from `from_numpy`, they default to zeros / zero-size arrays (R = 0 revisions, J = 0
+# judgments), which is a batch without revisions or sampled judgments: every estimator gives the
+# numbers it gave before they existed. R comes from revision_mask, J from judge_valid.
+_OPTIONAL_FIELDS = {
+    "step_slot": ("PNMH", "iu", jnp.int32),  # 0 = z_n governs step t, r+1 = revision r does
+    "step_label": ("PNMH", "i", jnp.int32),  # +1 provably good, -1 provably bad, 0 unknown
+    "revision_mask": ("PNMR", "b", jnp.bool_),
+    "revision_len": ("PNMR", "iu", jnp.int32),
+    "revision_malformed": ("PNMR", "b", jnp.bool_),
+    "judge_valid": ("PNMJ", "b", jnp.bool_),
+    "judge_ok": ("PNMJ", "b", jnp.bool_),
+    "judge_sets": ("PNMJH", "b", jnp.bool_),
+}
+_OPTIONAL_GROUPS = (("revision_mask", "revision_len", "revision_malformed"),
+                    ("judge_valid", "judge_ok", "judge_sets"))
 
 
 class BatchError(ValueError):
@@ -66,6 +82,15 @@ class TrajectoryBatch:
     strategy_len: jax.Array  # [P, N] i32
     strategy_malformed: jax.Array  # [P, N] bool
     horizon: jax.Array  # [P] i32
+    # Issue #15 (optional in from_numpy; see _OPTIONAL_FIELDS).
+    step_slot: jax.Array | None = None  # [P, N, M, H] i32
+    step_label: jax.Array | None = None  # [P, N, M, H] i32 in {-1, 0, 1}
+    revision_mask: jax.Array | None = None  # [P, N, M, R] bool
+    revision_len: jax.Array | None = None  # [P, N, M, R] i32
+    revision_malformed: jax.Array | None = None  # [P, N, M, R] bool
+    judge_valid: jax.Array | None = None  # [P, N, M, J] bool: judgment j was sampled
+    judge_ok: jax.Array | None = None  # [P, N, M, J] bool: and it parsed
+    judge_sets: jax.Array | None = None  # [P, N, M, J, H] bool: step t in I^(j)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -82,20 +107,31 @@ class TrajectoryBatch:
         """Validate host arrays (names, shapes, dtypes) and build the pytree.
 
         Every field of the DESIGN.md table is required; a missing, extra, mis-shaped or mis-typed
-        field raises BatchError naming it.
+        field raises BatchError naming it. The issue #15 fields are optional (zeros / R = 0 /
+        J = 0 when absent), but the fields of a group (revision_*, judge_*) come together.
         """
+        allowed = set(_TRAJ_FIELDS) | set(_OPTIONAL_FIELDS)
         missing = sorted(set(_TRAJ_FIELDS) - set(arrays))
-        extra = sorted(set(arrays) - set(_TRAJ_FIELDS))
+        extra = sorted(set(arrays) - allowed)
         if missing:
             raise BatchError(f"TrajectoryBatch: missing field(s) {missing}")
         if extra:
-            raise BatchError(f"TrajectoryBatch: unknown field(s) {extra}; allowed: {sorted(_TRAJ_FIELDS)}")
+            raise BatchError(f"TrajectoryBatch: unknown field(s) {extra}; allowed: {sorted(allowed)}")
+        for group in _OPTIONAL_GROUPS:
+            have = [g for g in group if g in arrays]
+            if have and len(have) != len(group):
+                raise BatchError(f"TrajectoryBatch: fields {list(group)} come together; got only {have}")
         sm = np.asarray(arrays["step_mask"])
         if sm.ndim != 4:
             raise BatchError(f"TrajectoryBatch.step_mask: expected 4 dims [P,N,M,H], got shape {sm.shape}")
         dims = dict(zip("PNMH", sm.shape))
+        dims["R"] = np.shape(arrays["revision_mask"])[-1] if "revision_mask" in arrays else 0
+        dims["J"] = np.shape(arrays["judge_valid"])[-1] if "judge_valid" in arrays else 0
         out = {}
-        for name, (letters, kinds, dtype) in _TRAJ_FIELDS.items():
+        for name, (letters, kinds, dtype) in {**_TRAJ_FIELDS, **_OPTIONAL_FIELDS}.items():
+            if name not in arrays:  # an optional field left out: its neutral default
+                out[name] = jnp.zeros(tuple(dims[c] for c in letters), dtype)
+                continue
             a = np.asarray(arrays[name])
             want = tuple(dims[c] for c in letters)
             if a.shape != want:
@@ -110,13 +146,24 @@ class TrajectoryBatch:
             out[name] = jnp.asarray(a, dtype=dtype)
         return cls(**out)
 
+    @property
+    def num_revisions(self) -> int:
+        """R, the revision slots per trajectory (0 without revisions)."""
+        return 0 if self.revision_mask is None else int(self.revision_mask.shape[-1])
+
+    @property
+    def num_judgments(self) -> int:
+        """J, the judgments sampled per trajectory (0 when none are recorded)."""
+        return 0 if self.judge_valid is None else int(self.judge_valid.shape[-1])
+
 
 @struct.dataclass
 class TokenBatch:
     """What the update sees: one row per trained LLM call (an action step or a strategy).
 
     `row_index[s] = (p, n, m, t)` points back into the TrajectoryBatch; t = -1 marks a strategy
-    row. Padding rows have `row_valid = False` and an all-False loss mask.
+    row, t <= -2 a strategy revision, t >= H a judgment (`row_kinds`). Padding rows have
+    `row_valid = False` and an all-False loss mask.
     """
 
     tokens: jax.Array  # [S, L] i32, prompt + response, left-padded
@@ -134,31 +181,54 @@ class TokenBatch:
 
     @property
     def is_strategy_row(self) -> jax.Array:
-        """[S] bool."""
+        """[S] bool: a strategy or a strategy revision (both weighted by lambda in the loss)."""
         return self.row_index[:, 3] < 0
 
 
+def row_kinds(t: jax.Array, horizon: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """row_index[:, 3] -> (is_step, is_strategy, is_revision, is_judgment), each [S] bool.
+
+    `0 <= t < H` an action step, `-1` the strategy z_n, `<= -2` revision `-2 - t` of the
+    trajectory, `>= H` its judgment `t - H` (docs/CONTRACTS.md, issue #15).
+    """
+    return (t >= 0) & (t < horizon), t == -1, t <= -2, t >= horizon
+
+
 def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: TokenBatch,
-                      penalty: jax.Array | None = None) -> TokenBatch:
-    """Copy each row's advantage (step [P,N,M,H] or strategy [P,N]) onto its loss-masked tokens.
+                      penalty: jax.Array | None = None, revision_adv: jax.Array | None = None,
+                      judge_adv: jax.Array | None = None) -> TokenBatch:
+    """Copy each row's advantage (step [P,N,M,H], strategy [P,N], revision [P,N,M,R], judgment
+    [P,N,M,J]) onto its loss-masked tokens; the row kind comes from row_index[:, 3] (row_kinds).
 
     `penalty` [P,N,M,H] (the invalid-action penalty inside `step_adv`, see
     strata_jax.advantages.invalid_penalty): with it and a `tokens.penalty_mask`, the penalty lands
     on the penalty-masked tokens only and the rest of the row gets the step's advantage without it.
     Without either, every response token gets the whole step advantage.
+    Without `revision_adv`, every t < 0 row is read as a strategy row (the layout before issue
+    #15); a revision or judgment row whose array is absent (or has no slots) gets 0.
     """
+    H = step_adv.shape[3]
     p, n, m, t = (tokens.row_index[:, i] for i in range(4))
-    is_strat = t < 0
-    tt = jnp.maximum(t, 0)
+    is_step, is_strat, is_rev, is_judge = row_kinds(t, H)
+    if revision_adv is None:
+        is_strat, is_rev = t < 0, jnp.zeros_like(is_rev)
+    tt = jnp.clip(t, 0, H - 1)
     a_step = step_adv[p, n, m, tt]  # [S]
     a_str = strategy_adv[p, n]  # [S]
+    a = jnp.where(is_strat, a_str, jnp.where(is_step, a_step, 0.0))
+    if revision_adv is not None and revision_adv.shape[3] > 0:
+        r = jnp.clip(-2 - t, 0, revision_adv.shape[3] - 1)
+        a = jnp.where(is_rev, revision_adv[p, n, m, r], a)
+    if judge_adv is not None and judge_adv.shape[3] > 0:
+        j = jnp.clip(t - H, 0, judge_adv.shape[3] - 1)
+        a = jnp.where(is_judge, judge_adv[p, n, m, j], a)
     valid = tokens.row_valid
     if penalty is None or tokens.penalty_mask is None:
-        a = jnp.where(is_strat, a_str, a_step) * valid  # [S]
+        a = a * valid  # [S]
         adv = jnp.where(tokens.loss_mask, a[:, None], 0.0)  # [S, L]
         return tokens.replace(advantage=adv.astype(jnp.float32))
-    pen = jnp.where(is_strat, 0.0, penalty[p, n, m, tt]) * valid  # [S]
-    base = jnp.where(is_strat, a_str, a_step + pen) * valid  # [S]: the step's advantage before the penalty
+    pen = jnp.where(is_step, penalty[p, n, m, tt], 0.0) * valid  # [S]
+    base = (a + pen) * valid  # [S]: the step's advantage before the penalty
     on_pen = tokens.loss_mask & tokens.penalty_mask
     adv = jnp.where(tokens.loss_mask, base[:, None], 0.0) - jnp.where(on_pen, pen[:, None], 0.0)
     return tokens.replace(advantage=adv.astype(jnp.float32))

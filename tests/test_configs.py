@@ -48,8 +48,9 @@ def test_config_validates(path):
     ("train.aggregation", "sum", "config.train.aggregation='sum'"),
     ("env.name", "webshop", "config.env.name='webshop'"),
     ("algo.kappa", -1.0, "config.algo.kappa=-1.0 must be >= 0"),
-    ("algo.judge_train", True, "judge_train=True is not wired"),
-    ("algo.revise_every", 3, "config.algo.revise_every=3: strategy revision is not built yet"),
+    ("algo.judge_train", True, "judge_train=True needs config.judge.samples >= 2"),
+    ("judge.samples", 0, "config.judge.samples=0 must be >= 1"),
+    ("algo.revise_every", -1, "config.algo.revise_every=-1 must be >= 0"),
     ("algo.milestones", "expert_plan", "config.algo.milestones='expert_plan' is only wired for env.name='alfworld'"),
     ("train.eps_low", 1.0, "config.train.eps_low=1.0 must be in (0, 1)"),
     ("train.dual_clip", 1.0, "config.train.dual_clip=1.0 must be > 1"),
@@ -65,12 +66,24 @@ def test_bad_values_name_the_key(key, value, fragment):
     assert fragment in str(e.value)
 
 
-def test_unbuilt_options_fail_for_every_algorithm():
+def test_revision_and_judge_training_are_wired_for_strata_only():
     for algo in ALGOS:
         c = base_config()
         c.algo.name, c.algo.judgment, c.algo.revise_every = algo, algo.startswith("strata"), 2
-        with pytest.raises(ConfigError, match="revise_every=2: strategy revision is not built yet"):
-            validate(c)
+        if algo.startswith("strata"):
+            c.judge.samples, c.algo.judge_train, c.algo.tasks_per_iter = 3, True, 4
+            validate(c)  # issue #15: built
+        else:
+            with pytest.raises(ConfigError, match="revise_every=2 revises a strategy"):
+                validate(c)
+    c = base_config()
+    c.algo.judgment, c.judge.samples = False, 3
+    with pytest.raises(ConfigError, match="judge.samples=3 needs config.algo.judgment=True"):
+        validate(c)
+    c = base_config()
+    c.judge.samples = 3  # P * N * M * k = 16 * 32 * 3 judgments in one call
+    with pytest.raises(ConfigError, match="judge.samples = 1536 rows exceeds the largest bucket"):
+        validate(c)
     c = base_config()
     c.env.name, c.algo.milestones = "alfworld", "expert_plan"  # built there: accepted
     validate(c)

@@ -198,9 +198,10 @@ def test_bad_command_line_is_one_line(args, names, tmp_path):
 
 
 def test_unbuilt_option_fails_before_any_work(tmp_path):
-    """revise_every passes nothing to the rollout: refused by validate(), before the model or SFT."""
-    r = typed("--config.algo.revise_every=3", "--workdir", str(tmp_path / "run"))
+    """judge_train with one judgment has no group to train in: refused by validate(), before the
+    model or SFT."""
+    r = typed("--config.algo.judge_train=True", "--workdir", str(tmp_path / "run"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr)
-    assert "config.algo.revise_every=3" in lines[0] and "not built yet" in lines[0]
+    assert "config.algo.judge_train=True needs config.judge.samples >= 2" in lines[0]
     assert not (tmp_path / "run").exists()  # no workdir, so no tiny model and no SFT

@@ -379,6 +379,7 @@ class HouseholdEnv(TextEnv):
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
         self.steps += 1
+        before = self._fingerprint()
         obs, milestone = self._apply(" ".join(action.strip().lower().split()))
         self.done = self.won or self.steps >= self.max_steps
         info = {
@@ -386,8 +387,18 @@ class HouseholdEnv(TextEnv):
             "milestone": milestone is not None,
             "milestone_name": milestone,
             "admissible_commands": self.admissible_commands(),
+            # proof for the self-judgment labels (rollout/judge.py): did the world change at all
+            "state_changed": self._fingerprint() != before,
         }
         return obs, 0.0, self.won, (not self.won) and self.steps >= self.max_steps, info
+
+    def _fingerprint(self) -> tuple:
+        """Everything a step can change: where the agent is, what it holds, what is open, where
+        each object lies, the lamp, the transformed objects and the task progress."""
+        w = self.world
+        return (w.at, w.held, frozenset(w.opened), w.lamp_on, tuple(sorted(w.where.items(), key=str)),
+                tuple((k, frozenset(v)) for k, v in sorted(w.state.items())), frozenset(self._picked),
+                self._transformed, self._placed, self._lit)
 
     # -- text --------------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ from flax import struct
 from strata_jax.advantages.beacon import beacon_step_advantage
 from strata_jax.advantages.gigpo import gigpo_step_advantage
 from strata_jax.advantages.grpo import grpo_step_advantage
+from strata_jax.advantages.judge import judge_advantage
 from strata_jax.advantages.params import AdvantageParams, stack_params
+from strata_jax.advantages.revision import revision_advantage
 from strata_jax.advantages.strata import judge_reward, strata_step_advantage, strategy_advantage
 from strata_jax.batch import TrajectoryBatch
 
@@ -34,6 +36,9 @@ __all__ = ["ALGOS", "AdvantageParams", "Advantages", "compute_advantages", "inva
 class Advantages:
     step: jax.Array  # [P, N, M, H] f32
     strategy: jax.Array  # [P, N] f32
+    # Issue #15 (docs/CONTRACTS.md); compute_advantages always fills them (R = 0 / J = 0: empty).
+    revision: jax.Array | None = None  # [P, N, M, R] f32: strategy revisions (strata modes)
+    judge: jax.Array | None = None  # [P, N, M, J] f32: GRPO over a trajectory's J judgments
 
 
 def check_algo(algo: str, params: AdvantageParams) -> None:
@@ -47,9 +52,11 @@ def check_algo(algo: str, params: AdvantageParams) -> None:
 
 @functools.partial(jax.jit, static_argnames=("algo",))
 def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: str) -> Advantages:
-    """Per-step [P, N, M, H] and per-strategy [P, N] advantages of `algo` (static)."""
+    """Per-step [P, N, M, H] and per-strategy [P, N] advantages of `algo` (static), and those of
+    the strategy revisions [P, N, M, R] (strata modes; 0 for flat ones) and judgments [P, N, M, J]."""
     check_algo(algo, params)
     strategy = jnp.zeros(batch.strategy_mask.shape, jnp.float32)
+    revision = jnp.zeros(batch.revision_mask.shape, jnp.float32)
     if algo == "grpo":
         step = grpo_step_advantage(batch, params)
     elif algo == "gigpo":
@@ -59,10 +66,13 @@ def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: st
     elif algo == "strata":
         step = strata_step_advantage(batch, params)
         strategy = strategy_advantage(batch, params)
+        revision = revision_advantage(batch, params)
     else:  # strata+beacon: BEACON inside each (task, z_i) group, judgment and strategy level of 3.
         step = beacon_step_advantage(batch, params, per_strategy=True) + judge_reward(batch, params)
         strategy = strategy_advantage(batch, params)
-    return Advantages(step=_finalize(step, batch, params), strategy=strategy)
+        revision = revision_advantage(batch, params)
+    return Advantages(step=_finalize(step, batch, params), strategy=strategy, revision=revision,
+                      judge=judge_advantage(batch))
 
 
 def invalid_penalty(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
