@@ -1,0 +1,59 @@
+"""What a workdir's model does on the held-out tasks: one evaluation, every trajectory's text saved.
+
+    python bench/eval_dump.py runs/tiny_household [--temperature 0.4]
+
+Prints one line: success and how the failures split (lost with every action valid, with some
+invalid, with all invalid), and writes `eval_dump_T{temperature}.json` into the workdir (the
+strategies and, per trajectory, each step's observation, output and parse result) so two
+checkpoints can be compared task by task. Uses the workdir's config.json and its latest checkpoint
+(or its SFT model when no iteration was trained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo's rollout/, not bench/rollout.py
+
+import ml_collections as mlc
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdir")
+    ap.add_argument("--temperature", type=float, default=None, help="default: the config's eval_temperature")
+    args = ap.parse_args()
+    from rollout import trainer
+    from rollout.collect import collect
+
+    wd = pathlib.Path(args.workdir)
+    config = mlc.ConfigDict(json.loads((wd / "config.json").read_text()))
+    temp = float(config.sampling.eval_temperature if args.temperature is None else args.temperature)
+    run = trainer.Run(config, wd, for_training=False)
+    tasks = trainer.eval_tasks(config, trainer.num_tasks(config, config.env.eval_split))
+    envs = trainer.make_envs(config, len(tasks), config.env.eval_split)
+    run.sync_policy()
+    run.policy.reseed(int(config.seed) + 1, 0)  # the keys `launch.py eval` uses
+    run.set_temperature(temp)
+    cfg = dataclasses.replace(trainer.rollout_config(config, eval_mode=True), progress=False)
+    res = collect(envs, run.policy, tasks, cfg)
+    kinds = collections.Counter()
+    for tr in res.texts["trajectories"]:
+        bad = sum(s.get("reason") is not None for s in tr["steps"])
+        kinds["won" if tr["won"] else "lost_all_valid" if bad == 0
+              else "lost_all_invalid" if bad == len(tr["steps"]) else "lost_some_invalid"] += 1
+    out = wd / f"eval_dump_T{temp:g}.json"
+    out.write_text(json.dumps(res.texts, indent=1, default=str))
+    won = np.asarray(res.traj.won)[:, 0, 0]
+    print(f"eval dump: success {won.mean():.3f} on {len(tasks)} tasks at T {temp:g}; "
+          + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + f" -> {out}")
+
+
+if __name__ == "__main__":
+    main()
