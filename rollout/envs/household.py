@@ -372,13 +372,7 @@ class HouseholdEnv(TextEnv):
         return self._intro(), info
 
     def step(self, action: str):
-        if self.world is None:
-            raise EnvError("step() before reset()")
-        if self.done:
-            raise EnvError("step() after the episode ended; call reset()")
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        self.steps += 1
+        self._begin_step(action, started=self.world is not None)
         obs, milestone = self._apply(" ".join(action.strip().lower().split()))
         self.done = self.won or self.steps >= self.max_steps
         info = {
