@@ -14,7 +14,8 @@ from flax import nnx
 from rollout import scoring, warmstart
 from strata_jax import sft
 from strata_jax.batch import pad_token_rows
-from strata_jax.models.qwen2 import Decoder, ModelConfig
+from strata_jax.models.config import ModelConfig
+from strata_jax.models.qwen2 import Decoder
 from strata_jax.sampling import score
 from strata_jax.train import sequence_logprobs
 
