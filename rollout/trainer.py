@@ -17,7 +17,6 @@ from rollout import report
 from rollout.ablate import run_ablation
 from rollout.evaluate import run_evals, task_types_of, timed_evals
 from rollout.iteration import iteration_step
-from rollout.report import save_batch
 from rollout.run import Run
 from rollout.setup import eval_tasks, make_envs, make_mesh, num_tasks, trajectories_per_task
 from rollout.warmstart import model_dir
@@ -84,7 +83,7 @@ def train(config, workdir) -> dict:
             bar.set_postfix_str(f"iteration {it}: evaluating on {len(etasks)} held-out tasks", refresh=True)
             row.update(timed_evals(run, eval_envs, etasks, types))
         if c.log.save_batches and run.lead:
-            save_batch(workdir, it, res.traj, res.texts)
+            report.save_batch(workdir, it, res.traj, res.texts)
         log.append(row)
         # every process saves: orbax writes each process's own shards of the state
         if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
