@@ -29,19 +29,20 @@ def main() -> None:
     ap.add_argument("workdir")
     ap.add_argument("--temperature", type=float, default=None, help="default: the config's eval_temperature")
     args = ap.parse_args()
-    from rollout import trainer
     from rollout.collect import collect
+    from rollout.run import Run
+    from rollout.setup import eval_tasks, make_envs, num_tasks, rollout_config
 
     wd = pathlib.Path(args.workdir)
     config = mlc.ConfigDict(json.loads((wd / "config.json").read_text()))
     temp = float(config.sampling.eval_temperature if args.temperature is None else args.temperature)
-    run = trainer.Run(config, wd, for_training=False)
-    tasks = trainer.eval_tasks(config, trainer.num_tasks(config, config.env.eval_split))
-    envs = trainer.make_envs(config, len(tasks), config.env.eval_split)
+    run = Run(config, wd, for_training=False)
+    tasks = eval_tasks(config, num_tasks(config, config.env.eval_split))
+    envs = make_envs(config, len(tasks), config.env.eval_split)
     run.sync_policy()
     run.policy.reseed(int(config.seed) + 1, 0)  # the keys `launch.py eval` uses
     run.set_temperature(temp)
-    cfg = dataclasses.replace(trainer.rollout_config(config, eval_mode=True), progress=False)
+    cfg = dataclasses.replace(rollout_config(config, eval_mode=True), progress=False)
     res = collect(envs, run.policy, tasks, cfg)
     kinds = collections.Counter()
     for tr in res.texts["trajectories"]:

@@ -4,7 +4,7 @@ Both runs use the embedded default (configs/tiny_household.py) from the same SFT
 which is built once in a temporary workdir with a short SFT (`--sft-steps`). StraTA runs
 P x N x M = 4 x 2 x 4 trajectories per iteration, GRPO P x G = 4 x 8 (no strategies, no
 self-judgment), everything else equal. Phases are taken from the trainer's own metrics row
-(`time/*` of rollout/trainer.iteration_step):
+(`time/*` of rollout/iteration.iteration_step):
 
     strategies   the StraTA strategy call (sigma*N candidates per task + selection)   time/strategy_s
     actions      the rest of the rollout: action calls, env steps, prompts, batches    time/rollout_s - strategy - judge
@@ -74,19 +74,21 @@ def measure(config, workdir: pathlib.Path, iterations: int) -> dict[str, float]:
     import jax.numpy as jnp
     import numpy as np
 
-    from rollout import trainer
+    from rollout.iteration import iteration_step
+    from rollout.run import Run
+    from rollout.setup import make_envs, trajectories_per_task
 
-    run = trainer.Run(config, workdir)
+    run = Run(config, workdir)
     c = config
-    per_iter = c.algo.tasks_per_iter * trainer.trajectories_per_task(c)
-    envs = trainer.make_envs(c, per_iter, c.env.split)
+    per_iter = c.algo.tasks_per_iter * trajectories_per_task(c)
+    envs = make_envs(c, per_iter, c.env.split)
     sums = dict.fromkeys(PHASES, 0.0)
     steps = 0.0
     for it in range(1, iterations + 1):
         start = jax.tree.map(jnp.copy, run.state)  # the update donates the state: keep a copy
-        trainer.iteration_step(run, envs, it, None)  # warm-up: compiles this iteration's shapes
+        iteration_step(run, envs, it, None)  # warm-up: compiles this iteration's shapes
         run.state = start
-        row, res = trainer.iteration_step(run, envs, it, None)
+        row, res = iteration_step(run, envs, it, None)
         for k, v in phases(row).items():
             sums[k] += v / iterations
         steps += float(np.asarray(res.traj.step_mask).sum()) / iterations
@@ -102,13 +104,14 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="workdir to keep (default: a temporary one)")
     a = ap.parse_args()
 
-    from rollout import trainer
+    from rollout.setup import make_mesh
+    from rollout.warmstart import model_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(a.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
         strata, grpo = configs(a.sft_steps)
-        model = trainer.model_dir(strata, root / "model", trainer.make_mesh(strata))
+        model = model_dir(strata, root / "model", make_mesh(strata))
         out = {}
         for name, cfg in (("strata", strata), ("grpo", grpo)):
             cfg.model.path = str(model)

@@ -238,11 +238,13 @@ def main() -> None:
     from tqdm.auto import tqdm
 
     from rollout import trainer
+    from rollout.setup import make_mesh
+    from rollout.warmstart import model_dir
 
     base = base_config(args)
     shared = out / "shared"
     t0 = time.perf_counter()
-    sft_dir = trainer.model_dir(base, shared, trainer.make_mesh(base))  # built once, reused after
+    sft_dir = model_dir(base, shared, make_mesh(base))  # built once, reused after
     print(f"shared SFT model: {sft_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
     if args.sft_only:
         return

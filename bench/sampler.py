@@ -154,7 +154,8 @@ def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, 
 
 
 def bench_gpu(smoke: bool, repeats: int) -> None:
-    from strata_jax.models.qwen2 import Decoder, ModelConfig
+    from strata_jax.models.config import ModelConfig
+    from strata_jax.models.qwen2 import Decoder
 
     hf_cfg, batch, prompt_len, new = (SMOKE, 8, 16, 8) if smoke else (QWEN_05B, 256, 128, 128)
     cfg = ModelConfig.from_hf(hf_cfg, dtype="bfloat16", param_dtype="bfloat16")

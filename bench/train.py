@@ -39,7 +39,8 @@ from strata_jax import sharding as sh  # noqa: E402
 from strata_jax import train as T  # noqa: E402
 from strata_jax.batch import TokenBatch  # noqa: E402
 from strata_jax.loss import LossConfig  # noqa: E402
-from strata_jax.models.qwen2 import Decoder, ModelConfig  # noqa: E402
+from strata_jax.models.config import ModelConfig  # noqa: E402
+from strata_jax.models.qwen2 import Decoder  # noqa: E402
 
 H200_BF16_PEAK = 989e12
 QWEN2_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,

@@ -16,6 +16,7 @@ import pathlib
 import jax
 import numpy as np
 
+from rollout.setup import advantage_params
 from strata_jax.advantages import compute_advantages
 from strata_jax.advantages.params import AdvantageParams, stack_params
 from strata_jax.batch import TrajectoryBatch
@@ -154,8 +155,6 @@ def write_outputs(rows: list[dict], grid: dict, out_dir: pathlib.Path) -> None:
 
 
 def run_ablation(config, workdir: pathlib.Path, specs: list[str]) -> pathlib.Path:
-    from rollout.trainer import advantage_params
-
     grid = parse_grid(specs)
     batches = load_batches(workdir)
     rows = ablation_table(batches, advantage_params(config), grid, config.algo.name)

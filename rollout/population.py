@@ -45,10 +45,12 @@ from tqdm.auto import tqdm
 from rollout import report
 from rollout.ablate import LOSS_ONLY, SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
-from rollout.judge import judge_quality_row
-from rollout.trainer import (Run, _diag_row, _loss_dict, has_signal, token_advantages, _save_batch, _score_rows, advantage_params,
-                             check_window, eval_tasks, make_envs, num_tasks, rollout_config, run_evals,
-                             task_types_of, train_tasks, trajectories_per_task, trim_rows)
+from rollout.evaluate import run_evals, task_types_of
+from rollout.iteration import has_signal, metrics_row, token_advantages
+from rollout.run import Run
+from rollout.scoring import check_window, score_batch, trim_rows
+from rollout.setup import (advantage_params, eval_tasks, loss_dict, make_envs, num_tasks, rollout_config, train_tasks,
+                           trajectories_per_task)
 from strata_jax.advantages import compute_advantages
 from strata_jax.batch import TokenBatch
 from strata_jax.checkpoint import Checkpointer
@@ -261,7 +263,7 @@ class Population:
     def _build_step(self):
         c, run = self.config, self.run
         t = c.train
-        step_fn = train_step_fn(run.graphdef, run.optimizer, loss_config(_loss_dict(t)), run.mesh,
+        step_fn = train_step_fn(run.graphdef, run.optimizer, loss_config(loss_dict(t)), run.mesh,
                                 micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
                                 logprob_window=run.window)
         repl = replicated(run.mesh)
@@ -273,7 +275,7 @@ class Population:
         return jax.device_put(slice_copy(self.state.params, k), self.param_sh)
 
     def view(self, k: int) -> Run:
-        """Copy k as a Run for trainer.evaluate: the shared model, policy and mesh (a shallow copy),
+        """Copy k as a Run for evaluate.evaluate: the shared model, policy and mesh (a shallow copy),
         with the copy's config and params."""
         v = copy.copy(self.run)
         v.config = self.configs[k]
@@ -283,7 +285,7 @@ class Population:
     # ----------------------------------------------------------------------------------------
 
     def rollout(self, k: int, envs, iteration: int, n_train: int | None):
-        """Copy k's rollout and scores: trainer.iteration_step's first half with copy k's params."""
+        """Copy k's rollout and scores: iteration.iteration_step's first half with copy k's params."""
         run, cfg = self.run, self.configs[k]
         t0 = time.perf_counter()
         params = self.copy_params(k)
@@ -294,15 +296,10 @@ class Population:
         res = collect(envs, run.policy, train_tasks(cfg, iteration, n_train), rollout_config(cfg))
         times = {"rollout": time.perf_counter() - t0}
         t1 = time.perf_counter()
-        tb = res.tokens
-        tokens_np, mask_np, loss_mask = (np.asarray(tb.tokens), np.asarray(tb.attention_mask),
-                                         np.asarray(tb.loss_mask))
-        ref = _score_rows(run, run.ref_params, tokens_np, mask_np, loss_mask)
-        old = (_score_rows(run, params, tokens_np, mask_np, loss_mask) if cfg.train.recompute_old_logp
-               else np.where(loss_mask, np.asarray(tb.old_logp), 0.0).astype(np.float32))
+        tb = score_batch(run, res.tokens, params)  # train.recompute_old_logp is the same for every copy
         times["score"] = time.perf_counter() - t1
         sample_tok_s = (run.policy.tokens_generated - tok0) / max(run.policy.sample_seconds - s0, 1e-9)
-        return res, tb.replace(ref_logp=ref, old_logp=old), times, sample_tok_s
+        return res, tb, times, sample_tok_s
 
     def iteration(self, envs, iteration: int, n_train: int | None, status=None) -> tuple[list[dict], list]:
         """One population iteration -> (one metrics row per copy, the copies' rollout results)."""
@@ -337,21 +334,8 @@ class Population:
         for k in k_all:
             res, tb, times, sample_tok_s = outs[k]
             row = {"iteration": iteration, "copy": k, **{f"grid/{n}": v for n, v in self.points[k].items()}}
-            row.update(_diag_row("train", slice_copy(diag, k)))
-            row["train/success"] = float(res.stats["success_rate"])
-            tm = np.asarray(res.traj.traj_mask)
-            row["train/episode_return"] = float(np.asarray(res.traj.episode_return)[tm].mean()) if tm.any() else 0.0
-            for key in ("invalid_rate", "crashed", "unrun", "judge_parse_fail_rate", "judged_bad_steps",
-                        "strategy_malformed", "milestones", "mean_episode_len", "revisions", "revision_malformed"):
-                if key in res.stats:
-                    row[f"train/{key}"] = float(res.stats[key])
-            row.update(judge_quality_row(res.traj) if self.config.algo.judgment else {})  # issue #15, as trainer
-            for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
-                if key in sums[k]:
-                    row[f"update/{key}"] = sums[k][key] / max(n_steps[k], 1)
-            row["update/skipped_total"] = float(skipped[k])
-            row["update/steps"] = n_steps[k]
-            row["update/no_signal_skipped"] = no_signal[k]
+            row.update(metrics_row(res, slice_copy(diag, k), sums[k], n_steps[k], no_signal[k], float(skipped[k]),
+                                   judgment=bool(self.config.algo.judgment)))
             row["time/sample_tok_s"] = sample_tok_s
             row["time/rollout_s"], row["time/score_s"] = times["rollout"], times["score"]
             # shared by all copies: one vmapped call each
@@ -365,7 +349,7 @@ class Population:
         """One epoch per copy, vmapped: step j stacks each copy's own j-th mini-batch."""
         c, run = self.config, self.run
         rows = int(c.train.mini_batch_rows)
-        seed = int(c.seed) * 100003 + iteration  # trainer.iteration_step's mini-batch order
+        seed = int(c.seed) * 100003 + iteration  # iteration.iteration_step's mini-batch order
         mbs = []
         for tb in tbs:
             own = []
@@ -380,7 +364,7 @@ class Population:
         for j in range(max(len(m) for m in mbs)):
             width = max(m[j].tokens.shape[1] for m in mbs if j < len(m))
             # a copy past its epoch, or (train.skip_no_signal) on a mini-batch without signal, keeps
-            # its state, as its separate run would (trainer.iteration_step)
+            # its state, as its separate run would (iteration.iteration_step)
             silent = np.asarray([j < len(m) and c.train.skip_no_signal and not has_signal(m[j]) for m in mbs])
             active = np.asarray([j < len(m) for m in mbs]) & ~silent
             for k in np.flatnonzero(silent):
@@ -455,7 +439,7 @@ def train_population(config, workdir, specs: list[str]) -> list[dict]:
                 row.update(ev)
         for k, (row, log) in enumerate(zip(rows, logs)):
             if c.log.save_batches:
-                _save_batch(log.dir, it, results[k].traj, results[k].texts)
+                report.save_batch(log.dir, it, results[k].traj, results[k].texts)
             log.append(row)
         if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
             pop.ckpt.save(it, pop.state, extra={"iteration": it, "labels": pop.labels}, force=True)

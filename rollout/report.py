@@ -1,4 +1,5 @@
-"""Run outputs a person reads: metrics.jsonl, TensorBoard events, and PNG plots in the workdir.
+"""Run outputs a person reads: metrics.jsonl, TensorBoard events, and PNG plots in the workdir;
+and each iteration's saved rollout batch (what `launch.py ablate` re-scores) with its texts.
 
 `MetricsLog.append` is the only writer; plots are re-drawn from the whole history so a resumed run
 (which re-reads metrics.jsonl) draws one continuous curve.
@@ -6,15 +7,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import pathlib
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    from strata_jax.batch import TrajectoryBatch
 
 # Curves drawn on the learning-curve figure, in this order, when present.
 CURVE_KEYS = (
@@ -192,3 +199,15 @@ def plot_population(histories: list[list[dict]], labels: list[str], path: str | 
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
+
+
+def save_batch(workdir: pathlib.Path, iteration: int, traj: TrajectoryBatch, texts: dict | None = None) -> None:
+    """The iteration's TrajectoryBatch (what `ablate` reads) and, beside it, its texts (strategies,
+    actions, judgments) so a person can read what the numbers were computed from."""
+    d = workdir / "batches"
+    d.mkdir(exist_ok=True)
+    np.savez_compressed(d / f"iter_{iteration:05d}.npz",
+                        **{f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)})
+    if texts is not None:
+        (d / f"iter_{iteration:05d}.texts.json").write_text(json.dumps(texts, indent=1, default=str))
+

@@ -54,10 +54,11 @@ RUN = [
 TAP = r"""
 import json, runpy, sys
 sys.path.insert(0, {repo!r})
-import rollout.trainer as trainer
-if not hasattr(trainer, "collect"):
-    sys.exit("rollout.trainer no longer calls `collect` by that name: update the tap in test_alfworld_e2e.py")
-_collect = trainer.collect
+import rollout.evaluate as evaluate, rollout.iteration as iteration
+for mod in (iteration, evaluate):
+    if not hasattr(mod, "collect"):
+        sys.exit(f"{{mod.__name__}} no longer calls `collect` by that name: update the tap in test_alfworld_e2e.py")
+_collect = iteration.collect
 
 def tapped(envs, policy, tasks, cfg):
     res = _collect(envs, policy, tasks, cfg)
@@ -66,7 +67,7 @@ def tapped(envs, policy, tasks, cfg):
                              "judgment": cfg.judgment, "stats": res.stats, "texts": res.texts}}, default=str) + "\n")
     return res
 
-trainer.collect = tapped
+iteration.collect = evaluate.collect = tapped
 sys.argv = [{launch!r}, *sys.argv[1:]]
 runpy.run_path({launch!r}, run_name="__main__")
 """

@@ -7,7 +7,8 @@ import pytest
 from strata_jax import sharding as sh
 from strata_jax import train as T
 from strata_jax.checkpoint import Checkpointer, CheckpointMismatchError
-from strata_jax.models.qwen2 import Decoder, ModelConfig
+from strata_jax.models.config import ModelConfig
+from strata_jax.models.qwen2 import Decoder
 from tests.test_train import TINY, tiny_model, to_numpy
 
 

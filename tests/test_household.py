@@ -6,14 +6,8 @@ import copy
 import pytest
 
 from rollout.envs.base import EnvError
-from rollout.envs.household import (
-    TASK_TYPES,
-    HouseholdEnv,
-    Task,
-    World,
-    expert_plan,
-    solve,
-)
+from rollout.envs.household import HouseholdEnv, expert_plan, solve
+from rollout.envs.household_world import TASK_TYPES, Task, World
 
 # Goal facts per task type, written out from the task definitions (section 4 of ALGORITHMS.md).
 MILESTONES = {

@@ -103,7 +103,7 @@ def test_ablate_equals_a_loop_over_the_grid(straight_run):
 
     from configs.tiny_household import get_config
     from rollout.ablate import load_batches
-    from rollout.trainer import advantage_params
+    from rollout.setup import advantage_params
     from strata_jax.advantages import compute_advantages
     from strata_jax.diagnostics import compute_diagnostics
 

@@ -58,7 +58,8 @@ def doors_config(algo: str, model_path: str = "") -> object:
 @pytest.fixture(scope="module")
 def warm_start(tmp_path_factory):
     """One format-only warm start (strategy and flat prompts) shared by every algorithm."""
-    from rollout.trainer import make_mesh, model_dir
+    from rollout.setup import make_mesh
+    from rollout.warmstart import model_dir
 
     work = tmp_path_factory.mktemp("doors_sft")
     c = doors_config("strata")

@@ -20,14 +20,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from strata_jax import sharding  # noqa: E402
 from strata_jax.models.hf import load_hf_model  # noqa: E402
-from strata_jax.models.qwen2 import (  # noqa: E402
-    ConfigError,
-    Decoder,
-    ModelConfig,
-    UnsupportedArchitectureError,
-    param_logical_axes,
-    rope_inv_freq,
-)
+from strata_jax.models.config import ConfigError, ModelConfig, UnsupportedArchitectureError  # noqa: E402
+from strata_jax.models.qwen2 import Decoder, param_logical_axes, rope_inv_freq  # noqa: E402
 
 VOCAB = 97
 BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

@@ -24,6 +24,9 @@ import numpy as np
 import pytest
 
 from rollout import population, trainer
+from rollout.run import Run
+from rollout.setup import make_mesh
+from rollout.warmstart import model_dir
 from strata_jax import train as T
 from tests.test_train import FAST, LOSS, one_device, random_batch, tiny_model
 
@@ -77,7 +80,7 @@ def compile_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory, compile_cache):
     c = small_config()
-    return str(trainer.model_dir(c, tmp_path_factory.mktemp("model"), trainer.make_mesh(c)))
+    return str(model_dir(c, tmp_path_factory.mktemp("model"), make_mesh(c)))
 
 
 def _metrics(path) -> list[dict]:
@@ -108,7 +111,7 @@ def test_population_equals_separate_runs_and_resumes_exactly(model_path, tmp_pat
         c = small_config(invalid_penalty=v)
         c.model.path = model_path
         trainer.train(c, tmp_path / f"sep_{v}")
-        separate.append(trainer.Run(c, tmp_path / f"sep_{v}", for_training=False).state)
+        separate.append(Run(c, tmp_path / f"sep_{v}", for_training=False).state)
     c = small_config()
     c.model.path = model_path
     work = tmp_path / "pop"

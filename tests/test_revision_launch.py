@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from rollout import ablate, trainer
+from rollout.setup import advantage_params, make_mesh
+from rollout.warmstart import model_dir
 from tests.test_population import compile_cache, small_config  # noqa: F401  (fixture)
 
 
@@ -30,7 +32,7 @@ def config(iterations):
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory, compile_cache):  # noqa: F811
     c = config(2)
-    return str(trainer.model_dir(c, tmp_path_factory.mktemp("model15"), trainer.make_mesh(c)))
+    return str(model_dir(c, tmp_path_factory.mktemp("model15"), make_mesh(c)))
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,6 @@ def test_resume_with_revisions_continues_exactly(straight, model_path, tmp_path)
 
 
 def test_ablate_vmaps_over_batches_with_revisions(straight):
-    rows = ablate.ablation_table(ablate.load_batches(straight), trainer.advantage_params(config(2)),
+    rows = ablate.ablation_table(ablate.load_batches(straight), advantage_params(config(2)),
                                  {"c_fmt": [0.0, 0.3], "kappa": [0.0, 0.2]}, "strata")
     assert len(rows) == 4 and all(np.isfinite(r["esu"]) for r in rows)

@@ -17,7 +17,8 @@ from strata_jax import sharding as sh
 from strata_jax import train as T
 from strata_jax.batch import TokenBatch
 from strata_jax.loss import LossConfig, policy_loss
-from strata_jax.models.qwen2 import Decoder, ModelConfig
+from strata_jax.models.config import ModelConfig
+from strata_jax.models.qwen2 import Decoder
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -1,4 +1,4 @@
-"""rollout/trainer.py pieces that the end-to-end launch tests cannot pin down: the log-prob window
+"""Pieces of rollout/scoring.py and rollout/warmstart.py that the end-to-end launch tests cannot pin down: the log-prob window
 of the update / scoring / SFT (equal to the full head on every trained token), length-sorted
 scoring, and bucketed SFT batches."""
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rollout import trainer
+from rollout import scoring, warmstart
 from strata_jax import sft
 from strata_jax.batch import pad_token_rows
-from strata_jax.models.qwen2 import Decoder, ModelConfig
+from strata_jax.models.config import ModelConfig
+from strata_jax.models.qwen2 import Decoder
 from strata_jax.sampling import score
 from strata_jax.train import sequence_logprobs
 
@@ -59,7 +60,7 @@ def test_score_rows_equals_the_sampler_score_on_loss_tokens(model):
     graphdef, params = model
     pk = _rows(11, 32, 4, seed=1)
     pk["loss_mask"][3] = False  # a row without loss tokens is skipped (zeros)
-    got = trainer._score_rows(_fake_run(graphdef, 4, 6), params, pk["tokens"], pk["attention_mask"],
+    got = scoring.score_rows(_fake_run(graphdef, 4, 6), params, pk["tokens"], pk["attention_mask"],
                               pk["loss_mask"])
     want = np.where(pk["loss_mask"], score(graphdef, params, pk["tokens"], pk["attention_mask"]), 0.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -69,21 +70,21 @@ def test_a_response_longer_than_the_window_is_refused(model):
     graphdef, params = model
     pk = _rows(4, 16, 6, seed=2)
     with pytest.raises(ValueError, match="log-prob window"):
-        trainer._score_rows(_fake_run(graphdef, 4, 2), params, pk["tokens"], pk["attention_mask"],
+        scoring.score_rows(_fake_run(graphdef, 4, 2), params, pk["tokens"], pk["attention_mask"],
                             np.ones_like(pk["loss_mask"]))
 
 
 def test_sft_batches_come_from_one_length_bucket():
     lengths = [5, 9, 9, 15, 30, 31, 7]
-    groups = trainer.length_groups(lengths, (8, 16, 32))
+    groups = warmstart.length_groups(lengths, (8, 16, 32))
     assert {k: sorted(v.tolist()) for k, v in groups.items()} == {8: [0, 6], 16: [1, 2, 3], 32: [4, 5]}
     rng = np.random.default_rng(0)
     seen = set()
     for _ in range(50):
-        length, idx = trainer.sft_batch(groups, 4, rng)
+        length, idx = warmstart.sft_batch(groups, 4, rng)
         assert len(idx) == 4 and all(lengths[i] <= length for i in idx)
         assert set(idx.tolist()) <= set(groups[length].tolist())
         seen.add(length)
     assert seen == {8, 16, 32}
     with pytest.raises(ValueError, match="exceeds the largest"):
-        trainer.length_groups([40], (8, 16, 32))
+        warmstart.length_groups([40], (8, 16, 32))

@@ -441,13 +441,7 @@ class AlfWorldEnv(TextEnv):
         return obs, info
 
     def step(self, action: str):
-        if not self.started:
-            raise EnvError("step() before reset()")
-        if self.done:
-            raise EnvError("step() after the episode ended; call reset()")
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        self.steps += 1
+        self._begin_step(action, started=self.started)
         command = " ".join(action.lower().split())
         milestone = None
         if command == "":  # the no-op: the engine is not touched

@@ -60,3 +60,14 @@ class TextEnv(gym.Env):
     def num_tasks(self) -> int | None:
         """How many distinct tasks the seed cycles through (None = unbounded / procedural)."""
         return None
+
+    def _begin_step(self, action, started: bool) -> None:
+        """What every step() does first: refuse a step before reset() (`started` False), after the
+        episode ended (`self.done`) or of a non-text action, then count the step (`self.steps`)."""
+        if not started:
+            raise EnvError("step() before reset()")
+        if self.done:
+            raise EnvError("step() after the episode ended; call reset()")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        self.steps += 1

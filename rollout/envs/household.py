@@ -1,296 +1,25 @@
-"""A procedurally generated household in ALFWorld's wording, with an exact expert solver.
+"""A procedurally generated household in ALFWorld's wording, with an exact expert solver: the
+environment (its rules, observations and admissible commands).
 
 The world follows the ALFWorld TextWorld domain (alfworld/data/alfred.pddl): receptacles at
 distinct locations, openable ones start closed, the agent holds at most one object, heat / cool /
 clean need the agent at the microwave / fridge / sinkbasin (not opened), `use desklamp` toggles
 the lamp. Commands and observations use ALFWorld's phrasing so a policy trained here reads the
-real games the same way.
-
-Horizon control. A task is drawn from its seed as (task type, feature switches); each switch adds
-exactly one necessary command to the shortest plan:
-    start_away   the agent starts in the middle of the room, not at the object's receptacle
-    src_closed   the (first) object is inside a closed receptacle
-    carrying     the agent starts holding an unrelated object it must put down first
-    tgt_closed   the target receptacle type is openable (all instances start closed)
-    lamp_away    (look_at_obj_in_light) the desklamp is not where the object is
-    second       (pick_two) where the second object is: with the first / open / closed receptacle
-Only the task's objects have the target type, and none starts in a target-type receptacle or in
-the task's appliance, so the constructive plan of `_plan` is a shortest plan and L* = len(plan)
-spans 2 (look: take, use) to 12 (pick_two with every switch on).
+real games the same way. Tasks and worlds come from household_world.py (with its horizon
+control), the expert's plan from household_expert.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 from rollout.envs.base import EnvError, TextEnv
+from rollout.envs.household_expert import shortest_plan
+from rollout.envs.household_world import TASK_TYPES, TRANSFORMS, Task, World, generate, otype, sample_task
 
-TASK_TYPES = (
-    "pick_and_place",
-    "pick_two",
-    "look_at_obj_in_light",
-    "pick_clean_then_place",
-    "pick_heat_then_place",
-    "pick_cool_then_place",
-)
-# Task type -> (transform verb, appliance receptacle type).
-TRANSFORMS = {
-    "pick_clean_then_place": ("clean", "sinkbasin"),
-    "pick_heat_then_place": ("heat", "microwave"),
-    "pick_cool_then_place": ("cool", "fridge"),
-}
-APPLIANCES = ("sinkbasin", "microwave", "fridge")
-OPENABLE = ("cabinet", "drawer", "safe")  # plus fridge / microwave (appliances)
-SURFACES = ("countertop", "shelf", "diningtable", "coffeetable", "dresser", "sofa", "armchair",
-            "garbagecan", "stoveburner", "bed")
-LAMP_HOSTS = ("desk", "sidetable")
-# Object types per task type (ALFWorld's own pairings, abridged).
-OBJECTS = {
-    "pick_and_place": ("apple", "book", "cellphone", "keychain", "pen", "pencil", "creditcard",
-                       "vase", "statue", "remotecontrol", "soapbottle", "spraybottle", "cd"),
-    "pick_two": ("book", "cellphone", "keychain", "pen", "pencil", "creditcard", "cd",
-                 "remotecontrol", "soapbar", "candle", "pillow"),
-    "look_at_obj_in_light": ("book", "cellphone", "alarmclock", "pen", "pencil", "keychain",
-                             "creditcard", "cd", "bowl", "mug", "statue"),
-    "pick_clean_then_place": ("apple", "mug", "plate", "cup", "bowl", "fork", "spoon", "spatula",
-                              "ladle", "pan", "pot", "soapbar", "cloth", "lettuce", "tomato"),
-    "pick_heat_then_place": ("apple", "bread", "potato", "tomato", "egg", "mug", "cup", "plate"),
-    "pick_cool_then_place": ("apple", "bread", "potato", "tomato", "egg", "mug", "cup", "plate",
-                             "lettuce", "winebottle", "pan", "pot"),
-}
-ALL_OBJECTS = tuple(sorted({o for v in OBJECTS.values() for o in v}))
-# ALFWorld goal templates per task type.
-TEMPLATES = {
-    "pick_and_place": ("put a {o} in {r}.", "put some {o} on {r}."),
-    "pick_two": ("put two {o} in {r}.", "find two {o} and put them in {r}."),
-    "look_at_obj_in_light": ("look at {o} under the desklamp.", "examine the {o} with the desklamp."),
-    "pick_clean_then_place": ("put a clean {o} in {r}.", "clean some {o} and put it in {r}."),
-    "pick_heat_then_place": ("put a hot {o} in {r}.", "heat some {o} and put it in {r}."),
-    "pick_cool_then_place": ("put a cool {o} in {r}.", "cool some {o} and put it in {r}."),
-}
 NOTHING = "Nothing happens."
 WELCOME = "-= Welcome to TextWorld, ALFRED! =-\n\n"
-
-
-def _feature_space(task_type: str) -> list[dict[str, Any]]:
-    """Every feature combination of a task type, with its exact shortest-plan length."""
-    names = ["start_away", "src_closed", "carrying"]
-    if task_type == "look_at_obj_in_light":
-        names.append("lamp_away")
-    else:
-        names.append("tgt_closed")
-    rows = []
-    seconds = ("same", "open", "closed") if task_type == "pick_two" else (None,)
-    for bits in itertools.product((False, True), repeat=len(names)):
-        f = dict(zip(names, bits))
-        if task_type == "look_at_obj_in_light" and not f["lamp_away"] and f["src_closed"]:
-            continue  # the lamp stands on a desk / sidetable, which is never closed
-        for second in seconds:
-            f2 = dict(f, second=second)
-            f2["length"] = _plan_length(task_type, f2)
-            rows.append(f2)
-    return rows
-
-
-def _plan_length(task_type: str, f: dict[str, Any]) -> int:
-    n = int(f["start_away"]) + int(f["src_closed"]) + int(f["carrying"]) + 1  # reach + take
-    if task_type == "look_at_obj_in_light":
-        return n + int(f["lamp_away"]) + 1  # go to lamp, use
-    if task_type in TRANSFORMS:
-        n += 2  # go to appliance, transform
-    n += 1 + int(f["tgt_closed"]) + 1  # go to target, open it, put
-    if task_type == "pick_two":
-        n += 1 + int(f["second"] == "closed") + 1 + 1 + 1  # go, open, take, go, put
-    return n
-
-
-FEATURES = {t: _feature_space(t) for t in TASK_TYPES}
-
-
-@dataclass
-class Task:
-    task_type: str
-    obj_type: str
-    target_type: str | None  # receptacle type (None for look_at_obj_in_light)
-    need: int  # objects to place (2 for pick_two)
-    goal: str
-    features: dict[str, Any]
-
-
-@dataclass
-class World:
-    """Mutable state of one episode; steps mutate it in place (no copies)."""
-
-    rtype: dict[str, str]  # receptacle -> type
-    loc: dict[str, int]  # receptacle -> "loc N"
-    openable: set[str]
-    opened: set[str]
-    contents: dict[str, list[str]]  # receptacle -> objects, in placement order
-    where: dict[str, str | None]  # object -> receptacle (None = held)
-    at: str | None  # receptacle the agent stands at (None = middle of the room)
-    held: str | None
-    lamp_host: str | None
-    lamp_on: bool = False
-    state: dict[str, set[str]] = field(default_factory=lambda: {"heat": set(), "cool": set(),
-                                                                "clean": set()})
-
-
-def _otype(name: str) -> str:
-    return name.rsplit(" ", 1)[0]
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-def _sample_task(rng: random.Random, lo: int, hi: int, types: tuple[str, ...]):
-    """L* uniform over the reachable lengths in [lo, hi], then type, then features, uniform."""
-    rows = [(t, f) for t in types for f in FEATURES[t] if lo <= f["length"] <= hi]
-    if not rows:
-        raise ValueError(f"no task type among {types} has a plan length in [{lo}, {hi}]")
-    length = rng.choice(sorted({f["length"] for _, f in rows}))
-    task_type = rng.choice(sorted({t for t, f in rows if f["length"] == length}))
-    feats = rng.choice([f for t, f in rows if t == task_type and f["length"] == length])
-    return task_type, dict(feats)
-
-
-def _generate(seed: int, lo: int, hi: int, types: tuple[str, ...], n_extra: int,
-              n_distractors: int) -> tuple[Task, World]:
-    rng = random.Random(f"household-{seed}")
-    task_type, f = _sample_task(rng, lo, hi, types)
-    obj_type = rng.choice(OBJECTS[task_type])
-    appliance = TRANSFORMS.get(task_type, (None, None))[1]
-
-    counts: dict[str, int] = {}
-    rtype: dict[str, str] = {}
-
-    def add(t: str) -> str:
-        counts[t] = counts.get(t, 0) + 1
-        name = f"{t} {counts[t]}"
-        rtype[name] = t
-        return name
-
-    for t in APPLIANCES:  # every house has a kitchen corner
-        add(t)
-    # Target receptacle type: openable iff tgt_closed; never the task's appliance.
-    target_type = None
-    if task_type != "look_at_obj_in_light":
-        pool = OPENABLE if f["tgt_closed"] else SURFACES
-        if f["tgt_closed"] and task_type in ("pick_clean_then_place", "pick_heat_then_place"):
-            pool = pool + ("fridge",)  # "put a hot apple in fridge" is an ALFWorld task
-        target_type = rng.choice(pool)
-        if target_type not in APPLIANCES:
-            for _ in range(rng.randint(1, 2)):
-                add(target_type)
-    forbidden = {target_type, appliance}
-
-    def source(closed: bool) -> str:
-        pool = [t for t in (OPENABLE if closed else SURFACES + LAMP_HOSTS) if t not in forbidden]
-        return add(rng.choice(pool))
-
-    if task_type == "look_at_obj_in_light":
-        if f["lamp_away"]:  # the lamp stands on its own desk / sidetable
-            src, lamp_host = source(f["src_closed"]), add(rng.choice(LAMP_HOSTS))
-        else:
-            src = lamp_host = add(rng.choice(LAMP_HOSTS))
-    else:
-        src = source(f["src_closed"])
-        lamp_host = add(rng.choice(LAMP_HOSTS)) if rng.random() < 0.5 else None
-    src2 = None
-    if task_type == "pick_two":
-        src2 = src if f["second"] == "same" else source(f["second"] == "closed")
-    for _ in range(n_extra):  # filler receptacles
-        add(rng.choice(OPENABLE + SURFACES + LAMP_HOSTS))
-
-    names = list(rtype)
-    rng.shuffle(names)
-    locs = rng.sample(range(1, 4 * len(names) + 1), len(names))
-    openable = {r for r, t in rtype.items() if t in OPENABLE or t in ("fridge", "microwave")}
-    contents = {r: [] for r in names}
-    where: dict[str, str | None] = {}
-
-    obj_counts: dict[str, int] = {}
-
-    def place(t: str, r: str | None) -> str:
-        obj_counts[t] = obj_counts.get(t, 0) + 1
-        o = f"{t} {obj_counts[t]}"
-        where[o] = r
-        if r is not None:
-            contents[r].append(o)
-        return o
-
-    place(obj_type, src)
-    if src2 is not None:
-        place(obj_type, src2)
-    held = None
-    others = [t for t in ALL_OBJECTS if t != obj_type]
-    if f["carrying"]:
-        held = place(rng.choice(others), None)
-    for _ in range(n_distractors):
-        place(rng.choice(others), rng.choice(names))
-    for r in contents:  # ALFWorld lists contents in no particular order; fix one per seed
-        rng.shuffle(contents[r])
-
-    if target_type is None:
-        goal = rng.choice(TEMPLATES[task_type]).format(o=obj_type)
-    else:
-        goal = rng.choice(TEMPLATES[task_type]).format(o=obj_type, r=target_type)
-    task = Task(task_type, obj_type, target_type, 2 if task_type == "pick_two" else 1, goal, f)
-    world = World(rtype=rtype, loc=dict(zip(names, locs)), openable=openable, opened=set(),
-                  contents=contents, where=where, at=None if f["start_away"] else src,
-                  held=held, lamp_host=lamp_host)
-    return task, world
-
-
-# ----------------------------------------------------------------------------- expert
-
-
-def _plan(task: Task, w: World) -> list[str]:
-    """Shortest plan from the initial state, built from the generator's structure."""
-    plan: list[str] = []
-    at, opened, held = w.at, set(w.opened), w.held
-    targets = sorted(o for o in w.where if _otype(o) == task.obj_type)[: task.need]
-
-    def goto(r: str) -> None:
-        nonlocal at
-        if at != r:
-            plan.append(f"go to {r}")
-            at = r
-
-    def open_(r: str) -> None:
-        if r in w.openable and r not in opened:
-            plan.append(f"open {r}")
-            opened.add(r)
-
-    target = None
-    if task.target_type is not None:
-        target = min(r for r, t in w.rtype.items() if t == task.target_type)
-    for o in targets:
-        src = w.where[o]
-        goto(src)
-        open_(src)
-        if held is not None:  # hands full: put the unrelated object down here
-            plan.append(f"put {held} in/on {src}")
-            held = None
-        plan.append(f"take {o} from {src}")
-        if task.task_type == "look_at_obj_in_light":
-            goto(w.lamp_host)
-            plan.append("use desklamp 1")
-            continue
-        if task.task_type in TRANSFORMS:
-            verb, app = TRANSFORMS[task.task_type]
-            goto(f"{app} 1")
-            plan.append(f"{verb} {o} with {app} 1")
-        goto(target)
-        open_(target)
-        plan.append(f"put {o} in/on {target}")
-    return plan
-
-
-# ----------------------------------------------------------------------------- environment
 
 _GO = re.compile(r"^go to (\w+ \d+)$")
 _OPEN = re.compile(r"^(open|close) (\w+ \d+)$")
@@ -327,7 +56,7 @@ class HouseholdEnv(TextEnv):
             raise ValueError(f"unknown task_types {bad}; allowed: {', '.join(TASK_TYPES)}")
         if n_extra_receptacles < 0 or n_distractors < 0:
             raise ValueError("n_extra_receptacles and n_distractors must be >= 0")
-        _sample_task(random.Random(0), lo, hi, types)  # fail now if the range is empty
+        sample_task(random.Random(0), lo, hi, types)  # fail now if the range is empty
         self.horizon, self.task_types = (lo, hi), types
         self.n_extra, self.n_distractors = int(n_extra_receptacles), int(n_distractors)
         # The first observation also says where the task's objects are. ALFWorld does not: its
@@ -345,14 +74,14 @@ class HouseholdEnv(TextEnv):
         if seed is None:
             seed = self._seed_rng.randrange(2**31)
         self.seed_ = int(seed)
-        task, world = _generate(self.seed_, *self.horizon, self.task_types, self.n_extra,
+        task, world = generate(self.seed_, *self.horizon, self.task_types, self.n_extra,
                                 self.n_distractors)
         return self.start(task, world, task_id=f"household/{self.seed_}")
 
     def start(self, task: Task, world: World, task_id: str = "household/custom"):
         """Begin an episode on a given task and world (reset uses it; tests hand-build worlds)."""
         self.task, self.world = task, world
-        self.plan = _plan(task, world)
+        self.plan = shortest_plan(task, world)
         self.steps, self.done, self.won = 0, False, False
         self._picked: set[str] = set()
         self._transformed = False
@@ -372,13 +101,7 @@ class HouseholdEnv(TextEnv):
         return self._intro(), info
 
     def step(self, action: str):
-        if self.world is None:
-            raise EnvError("step() before reset()")
-        if self.done:
-            raise EnvError("step() after the episode ended; call reset()")
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        self.steps += 1
+        self._begin_step(action, started=self.world is not None)
         before = self._fingerprint()
         obs, milestone = self._apply(" ".join(action.strip().lower().split()))
         self.done = self.won or self.steps >= self.max_steps
@@ -410,7 +133,7 @@ class HouseholdEnv(TextEnv):
         carry = f" You are carrying a {w.held}." if w.held else ""
         seen = ""
         if self.reveal_objects:
-            objs = sorted(o for o, r in w.where.items() if r is not None and _otype(o) == self.task.obj_type)
+            objs = sorted(o for o, r in w.where.items() if r is not None and otype(o) == self.task.obj_type)
             seen = "".join(f" The {o} is {'in' if w.where[o] in w.openable else 'on'} the {w.where[o]}."
                            for o in objs)
             if self.task.task_type == "look_at_obj_in_light":
@@ -483,7 +206,7 @@ class HouseholdEnv(TextEnv):
         w.where[o], w.held = None, o
         obs = f"You pick up the {o} from the {r}."
         milestone = None
-        if _otype(o) == self.task.obj_type and o not in self._picked:
+        if otype(o) == self.task.obj_type and o not in self._picked:
             self._picked.add(o)
             if len(self._picked) <= self.task.need:
                 milestone = f"picked {o}"
@@ -510,7 +233,7 @@ class HouseholdEnv(TextEnv):
             w.state["heat"].discard(o)
         milestone = None
         want = TRANSFORMS.get(self.task.task_type, (None,))[0]
-        if verb == want and _otype(o) == self.task.obj_type and not self._transformed:
+        if verb == want and otype(o) == self.task.obj_type and not self._transformed:
             self._transformed = True
             milestone = f"{verb}ed {o}" if verb != "clean" else f"cleaned {o}"
         return f"You {verb} the {o} using the {r}.", milestone
@@ -528,7 +251,7 @@ class HouseholdEnv(TextEnv):
     # -- goal facts --------------------------------------------------------------------------
 
     def _satisfies(self, o: str) -> bool:
-        if _otype(o) != self.task.obj_type:
+        if otype(o) != self.task.obj_type:
             return False
         want = TRANSFORMS.get(self.task.task_type, (None,))[0]
         return want is None or o in self.world.state[want]
@@ -552,7 +275,7 @@ class HouseholdEnv(TextEnv):
         """look_at_obj_in_light: holding the object at the lit lamp (fires once, = won)."""
         w = self.world
         if (self.task.task_type != "look_at_obj_in_light" or self._lit or not w.lamp_on
-                or w.at != w.lamp_host or w.held is None or _otype(w.held) != self.task.obj_type):
+                or w.at != w.lamp_host or w.held is None or otype(w.held) != self.task.obj_type):
             return None
         self._lit = self.won = True
         return f"looked at {w.held} under the desklamp"

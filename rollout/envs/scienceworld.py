@@ -120,13 +120,7 @@ class ScienceWorldEnv(TextEnv):
         return f"{goal}\n\n{look}", out
 
     def step(self, action: str):
-        if not self.started:
-            raise EnvError("step() before reset()")
-        if self.done:
-            raise EnvError("step() after the episode ended; call reset()")
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        self.steps += 1
+        self._begin_step(action, started=self.started)
         command = " ".join(action.split())
         milestone, lost = None, False
         if command == "":  # the no-op: "wait" would let simulated time pass, so nothing is sent

@@ -282,13 +282,7 @@ class ShopEnv(TextEnv):
         return self.observation(), info
 
     def step(self, action: str):
-        if self.goal is None:
-            raise EnvError("step() before reset()")
-        if self.done:
-            raise EnvError("step() after the episode ended; call reset()")
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        self.steps += 1
+        self._begin_step(action, started=self.goal is not None)
         reward, milestone, changed = self._apply(" ".join(action.strip().lower().split()))
         if not changed:
             self.noops += 1

@@ -11,14 +11,8 @@ from strata_jax.models.hf import (
     load_hf_model,
     load_tokenizer,
 )
-from strata_jax.models.qwen2 import (
-    ConfigError,
-    Decoder,
-    KVCache,
-    ModelConfig,
-    UnsupportedArchitectureError,
-    param_logical_axes,
-)
+from strata_jax.models.config import ConfigError, ModelConfig, UnsupportedArchitectureError
+from strata_jax.models.qwen2 import Decoder, KVCache, param_logical_axes
 from strata_jax.models.tiny import make_tiny_model
 
 __all__ = [

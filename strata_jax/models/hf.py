@@ -32,11 +32,8 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from strata_jax.models.qwen2 import (
-    Decoder,
-    ModelConfig,
-    UnsupportedArchitectureError,
-)
+from strata_jax.models.config import ModelConfig, UnsupportedArchitectureError
+from strata_jax.models.qwen2 import Decoder
 
 __all__ = [
     "CheckpointMismatchError", "NotAModelDirectoryError", "UnsupportedArchitectureError",

@@ -103,7 +103,7 @@ def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None
 def _save_jax_model(out: pathlib.Path, config: dict, seed: int) -> None:
     """Initialise our decoder from the config dict and write it with our own HF export."""
     from strata_jax.models.hf import export_hf
-    from strata_jax.models.qwen2 import ModelConfig
+    from strata_jax.models.config import ModelConfig
 
     cfg = ModelConfig.from_hf(config)
     # The tokenizer files are already in `out` (written above); export_hf adds config.json (which

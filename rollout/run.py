@@ -1,0 +1,108 @@
+"""`Run`: everything one training or evaluation of a workdir holds: the mesh, the model and its
+reference copy, the sampling policy, the train state with its optimiser and update step, and the
+checkpoints it resumes from.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+from rollout.jax_policy import JaxPolicy
+from rollout.scoring import logprob_window
+from rollout.setup import advantage_params, loss_dict, make_mesh, rollout_shards
+from rollout.shards import process_shards
+from rollout.warmstart import model_dir
+from strata_jax import sharding
+from strata_jax.checkpoint import Checkpointer
+from strata_jax.models.hf import load_hf_model, load_tokenizer
+from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
+                              make_train_step, optimizer_config)
+
+
+class Run:
+    """Model, policy, update and checkpoints of one workdir."""
+
+    def __init__(self, config, workdir: pathlib.Path, for_training: bool = True):
+        self.config, self.workdir = config, pathlib.Path(workdir)
+        self.mesh = make_mesh(config)  # first: jax.distributed must start before devices are touched
+        self.nproc, self.rank = jax.process_count(), jax.process_index()
+        self.lead = self.rank == 0  # the one process that writes run files (metrics, plots, batches)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.lead:
+            (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        self.shards = rollout_shards(config)
+        self.my_shards = process_shards(self.shards, self.rank, self.nproc)
+        # Each process samples on its own devices with a local copy of the params, so a rollout
+        # never waits on another host (docs/TPU.md); one process samples on the global mesh.
+        self.local_mesh = self.mesh if self.nproc == 1 else sharding.local_mesh(int(config.mesh.tensor))
+        self.model_path = model_dir(config, self.workdir, self.mesh)
+        (graphdef, params), self.mcfg = load_hf_model(
+            self.model_path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=self.mesh,
+            scan_layers=bool(config.model.scan_layers), remat=bool(config.model.remat), split=True)
+        self.graphdef = graphdef
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        # The reference policy is the starting model; params are donated by the update, so copy.
+        self.ref_params = jax.tree.map(jnp.copy, params)
+        t = config.train
+        ocfg = optimizer_config({"lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
+                                 "schedule": t.schedule, "warmup_steps": t.warmup_steps})
+        self.optimizer = make_optimizer(ocfg, total_steps=None)
+        self.state = init_train_state(graphdef, params, self.optimizer, int(config.seed), self.mesh)
+        self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=1, keep=int(config.checkpoint.keep),
+                                 async_save=bool(config.checkpoint.async_save))
+        self.start_iteration = 1
+        restored = self.ckpt.restore_latest(abstract_train_state(self.state.params, self.optimizer, self.mesh))
+        if restored is not None:
+            self.state, extra = restored
+            self.start_iteration = int(extra["iteration"]) + 1
+        s = config.sampling
+        budgets = {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens}
+        self._synced = None
+        self.policy = JaxPolicy(graphdef, self._policy_params(), self.tokenizer, budgets,
+                                prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
+                                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
+                                cache_dtype=s.kv_dtype, seed=int(config.seed))
+        self.window = logprob_window(config)
+        if for_training:
+            self.train_step = make_train_step(graphdef, self.optimizer, loss_config(loss_dict(t)), self.mesh,
+                                              micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
+                                              logprob_window=self.window)
+        self.adv_params = advantage_params(config)
+
+    def _policy_params(self):
+        """The sampler's params for the current train state. Several processes: a local replica
+        gathered from every process's shards (a collective; see sync_policy)."""
+        self._synced = self.state
+        if self.nproc == 1:
+            return self.state.params
+        return sharding.shard_params(sharding.fetch_global(self.state.params), self.local_mesh)
+
+    @property
+    def policy_synced(self) -> bool:
+        """Whether the sampler already holds the current train state's params (sync_policy is then
+        a no-op, with no collective)."""
+        return self._synced is self.state
+
+    def sync_policy(self) -> None:
+        """Point the sampler at the current train state. With several processes every process must
+        call this at the same point (it gathers the params); it is a no-op when nothing changed,
+        which is what lets process 0 evaluate alone right after a synced update."""
+        if self._synced is not self.state:
+            self.policy.params = self._policy_params()
+        elif self.nproc == 1:
+            self.policy.params = self.state.params
+
+    def set_temperature(self, temperature: float, strategy_temperature: float | None = None) -> None:
+        """Sampling temperature of every call kind; strategy calls get their own when given (>= 0)."""
+        from strata_jax.sampling import SamplingParams
+
+        s = self.config.sampling
+        self.policy.sampling = SamplingParams(temperature=float(temperature), top_p=s.top_p, top_k=s.top_k)
+        self.policy.kind_sampling = {}
+        if strategy_temperature is not None and strategy_temperature >= 0:
+            self.policy.kind_sampling["strategy"] = SamplingParams(
+                temperature=float(strategy_temperature), top_p=s.top_p, top_k=s.top_k)

@@ -1,0 +1,100 @@
+"""Teacher-forced log-probs of a rollout's token rows (the reference policy's, and the old policy's
+when they are re-scored), and the row shapes they share with the update: the log-prob window at the
+end of each row, trimming to a length bucket, and host rows placed on the mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import jax
+import numpy as np
+
+from strata_jax import sharding
+from strata_jax.batch import TokenBatch
+from strata_jax.train import sequence_logprobs
+
+if TYPE_CHECKING:
+    from rollout.run import Run
+
+
+def logprob_window(config) -> int:
+    """Columns at the end of a token row that can hold a trained response: the longest budget of
+    a trained call kind (strategies, revisions and actions; judgments with algo.judge_train). The update
+    and the scoring run the vocabulary head on these columns only (see train.sequence_logprobs)."""
+    s = config.sampling
+    return int(max(s.max_action_tokens, s.max_strategy_tokens, s.max_judge_tokens if config.algo.judge_train else 0))
+
+
+def check_window(loss_mask: np.ndarray, window: int) -> None:
+    """A loss token before the window would silently get log-prob 0: refuse instead."""
+    if loss_mask.shape[1] > window and loss_mask[:, :-window].any():
+        raise ValueError(f"a trained response is longer than the log-prob window ({window} tokens = the "
+                         "largest sampling budget); rows must end with their response")
+
+
+def trim_width(mask: np.ndarray, buckets) -> int:
+    """The smallest length bucket holding every row of `mask` [S, L] (rows are left-padded, so the
+    last `width` columns carry all tokens). Cutting a mini-batch to it saves the padding compute."""
+    need = int(mask.sum(axis=1).max(initial=1))
+    return next((int(b) for b in sorted(buckets) if b >= need), mask.shape[1])
+
+
+def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:
+    """The [S, L] fields cut to the mini-batch's own length bucket (row_index / row_valid kept)."""
+    w = trim_width(np.asarray(tb.attention_mask), buckets)
+    return tb.replace(**{f: getattr(tb, f)[:, -w:] for f in
+                         ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage")})
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _score_window(graphdef, chunk: int, window: int, params, tokens, mask):
+    """Teacher-forced log-probs [S, L] on the last `window` columns: the update's own forward."""
+    return sequence_logprobs(graphdef, params, tokens, mask, chunk, False, window)[0]
+
+
+def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
+    """The rollout's TokenBatch with ref_logp (the reference params') and old_logp (`params'`
+    re-scored with train.recompute_old_logp, else the sampler's own) filled in, 0 off the loss."""
+    tokens_np, mask_np = np.asarray(tb.tokens), np.asarray(tb.attention_mask)
+    loss_mask = np.asarray(tb.loss_mask)
+    ref = score_rows(run, run.ref_params, tokens_np, mask_np, loss_mask)
+    old = (score_rows(run, params, tokens_np, mask_np, loss_mask) if run.config.train.recompute_old_logp
+           else np.where(loss_mask, np.asarray(tb.old_logp), 0.0).astype(np.float32))
+    return tb.replace(ref_logp=ref, old_logp=old)
+
+
+def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """Teacher-forced log-probs [S, L] (0 off the loss) of the rows that have loss tokens.
+
+    Rows are scored in length order, mini-batch-sized chunks each cut to its own length bucket:
+    attention costs ~ length^2 here, so a chunk of short rows must not pay for the longest row.
+    """
+    rows = int(run.config.train.mini_batch_rows)
+    buckets = run.config.train.length_buckets
+    check_window(loss_mask, run.window)
+    out = np.zeros(tokens.shape, np.float32)
+    live = np.flatnonzero(loss_mask.any(axis=1))
+    order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
+    for i in range(0, len(order), rows):
+        idx = order[i:i + rows]
+        n = len(idx)
+        tk, mk = tokens[idx], mask[idx]
+        if n < rows:  # pad to one shape per bucket
+            tk = np.concatenate([tk, np.full((rows - n, tk.shape[1]), run.pad_id, tk.dtype)])
+            mk = np.concatenate([mk, np.zeros((rows - n, mk.shape[1]), bool)])
+        w = trim_width(mk, buckets)
+        tk, mk = to_mesh(run, (tk[:, -w:], mk[:, -w:]))
+        lp = _score_window(run.graphdef, int(run.config.train.logprob_chunk), run.window, params, tk, mk)
+        out[idx, -w:] = sharding.fetch_global(lp)[:n]
+    return np.where(loss_mask, out, 0.0).astype(np.float32)
+
+
+def to_mesh(run, tree):
+    """Several processes: the host rows (the same on every process) as global arrays split over
+    the data axes, each process supplying its own devices' rows. One process: unchanged (host
+    numpy goes to the jitted function as before)."""
+    if getattr(run, "nproc", 1) == 1:
+        return tree
+    return sharding.global_from_host(tree, sharding.data_sharding(run.mesh))

@@ -1,0 +1,126 @@
+"""The model a run starts from when config.model.path is empty: the tiny model (random init,
+tokenizer trained on the environment's text), warm-started by SFT on expert demonstrations (or a
+JSONL of demonstrations) and exported in Hugging Face format to the workdir.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from strata_jax.batch import pad_token_rows
+from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
+from strata_jax.sft import make_sft_step
+
+
+def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
+    """The HF directory the run starts from: config.model.path, else the tiny model after SFT."""
+    if config.model.path:
+        path = pathlib.Path(config.model.path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"config.model.path={str(path)!r} has no config.json: not a model directory")
+        return path
+    if jax.process_count() > 1:
+        # Building it would mean one process training the SFT model while the others wait in a
+        # collective, and every process writing the same workdir files.
+        raise ValueError("a run on several processes needs config.model.path: build the tiny SFT model "
+                         "first on one process (`python launch.py sft ...`) and pass its sft_model directory")
+    sft_dir = workdir / "sft_model"
+    if (sft_dir / "config.json").exists():
+        return sft_dir
+    init_dir = workdir / "tiny_init"
+    if not (init_dir / "config.json").exists():
+        from rollout.demos import corpus
+        from strata_jax.models.tiny import make_tiny_model
+
+        m = config.model
+        make_tiny_model(init_dir, texts=corpus(config), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
+                        layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
+                        intermediate_size=int(m.tiny_intermediate), seed=int(config.seed))
+    if config.sft.steps <= 0:
+        return init_dir
+    run_sft(config, init_dir, sft_dir, mesh)
+    return sft_dir
+
+
+def _read_jsonl_demos(path: str, tokenizer) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows from a JSONL file of {"messages": [chat messages], "response": "..."}."""
+    from rollout.policy import render
+
+    rows = []
+    with open(path) as f:
+        for ln, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if not isinstance(d, dict) or "messages" not in d or "response" not in d:
+                raise ValueError(f"{path}:{ln}: each line needs 'messages' (chat list) and 'response' (str)")
+            p = tokenizer.encode(render(d["messages"], tokenizer), add_special_tokens=False)
+            r = tokenizer.encode(d["response"], add_special_tokens=False)
+            rows.append((np.asarray(p, np.int32), np.asarray(r, np.int32)))
+    return rows
+
+
+def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None:
+    """Next-token training on expert rows, then export to `out_dir` (HF format)."""
+    from rollout.demos import sft_rows
+
+    (graphdef, params), mcfg = load_hf_model(init_dir, dtype=config.model.dtype,
+                                             param_dtype=config.model.param_dtype, mesh=mesh, split=True)
+    tok = load_tokenizer(init_dir)
+    if config.sft.demos:
+        rows = _read_jsonl_demos(config.sft.demos, tok)
+    elif config.env.name in ("household", "shop", "doors") or not config.model.path:
+        rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
+    else:
+        raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
+    groups = length_groups([len(p) + len(r) for p, r in rows], config.train.length_buckets)
+    # Every row ends with its response, so the head only runs on the last `window` columns.
+    window = max(len(r) for _, r in rows)
+    opt = optax.chain(optax.clip_by_global_norm(1.0),
+                      optax.adamw(optax.warmup_cosine_decay_schedule(0.0, float(config.sft.lr), 20,
+                                                                     max(int(config.sft.steps), 21)),
+                                  weight_decay=0.0))
+    opt_state = opt.init(params)
+    step = make_sft_step(graphdef, opt, int(config.train.logprob_chunk), window=window)
+    rng = np.random.default_rng(int(config.seed) + 7)
+    b = int(config.sft.batch_rows)
+    bar = tqdm(range(int(config.sft.steps)), desc="sft", disable=not config.log.progress, dynamic_ncols=True)
+    loss = float("nan")
+    for _ in bar:
+        length, idx = sft_batch(groups, b, rng)
+        pk = pad_token_rows([rows[i][0] for i in idx], [rows[i][1] for i in idx],
+                            [np.zeros(len(rows[i][1]), np.float32) for i in idx], length, b,
+                            pad_id=int(tok.pad_token_id or 0))
+        params, opt_state, loss = step(params, opt_state, pk["tokens"], pk["attention_mask"], pk["loss_mask"])
+        bar.set_postfix(loss=f"{float(loss):.3f}", length=length)
+    export_hf(params, mcfg, tok, out_dir)
+    (out_dir / "sft_info.json").write_text(json.dumps({"rows": len(rows), "steps": int(config.sft.steps),
+                                                       "final_loss": float(loss)}))
+
+
+def length_groups(lengths, buckets) -> dict[int, np.ndarray]:
+    """Row indices by the smallest length bucket holding them: {bucket: indices}."""
+    lengths = np.asarray(lengths)
+    edges = np.asarray(sorted(int(b) for b in buckets))
+    if lengths.max(initial=0) > edges[-1]:
+        raise ValueError(f"an SFT row of {int(lengths.max())} tokens exceeds the largest "
+                         f"train.length_buckets ({int(edges[-1])})")
+    which = np.searchsorted(edges, lengths)  # first bucket >= length
+    return {int(edges[k]): np.flatnonzero(which == k) for k in np.unique(which)}
+
+
+def sft_batch(groups: dict[int, np.ndarray], b: int, rng: np.random.Generator) -> tuple[int, np.ndarray]:
+    """(length, row indices) of one SFT batch: a bucket drawn in proportion to its rows, then `b`
+    of its rows. A batch of one bucket pads to that bucket, not to the longest row of the corpus:
+    attention on a small CPU model costs ~ length^2, so mixed batches would pay for the longest."""
+    keys = sorted(groups)
+    sizes = np.asarray([len(groups[k]) for k in keys], np.float64)
+    k = keys[int(rng.choice(len(keys), p=sizes / sizes.sum()))]
+    g = groups[k]
+    return k, g[rng.choice(len(g), size=b, replace=len(g) < b)]
