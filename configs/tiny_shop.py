@@ -28,7 +28,10 @@ def get_config():
     c.model.tiny_vocab = 2048
     c.model.tiny_heads = 2
     c.model.tiny_kv_heads = 1
-    c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768, 1024)  # p99 of shop rows ~630 tokens, max ~800
+    # p99 of shop step rows ~630 tokens, max ~800; a self-judgment prompt lists up to 12 steps with
+    # 150-character observation excerpts and budget-long actions (1,110 tokens seen; tests/test_shop.py
+    # bounds the worst case)
+    c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768, 1024, 1536, 2048)
     c.sampling.batch_buckets = (8, 16, 32)
     c.train.lr = 3e-4
     c.train.mini_batch_rows = 64
