@@ -30,11 +30,12 @@ def get_config():
     c.model.tiny_vocab = 2048  # enough merges that household words are single tokens
     c.model.tiny_heads = 2
     c.model.tiny_kv_heads = 1
-    c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768)
+    # up to 1280: a 12-step self-judgment prompt of budget-long actions reaches ~1,160 (tests/test_prompts.py)
+    c.sampling.prompt_buckets = (256, 320, 384, 448, 512, 768, 1280)
     c.sampling.batch_buckets = (8, 16, 32, 64)  # 64 held-out tasks are sampled in one call
     c.train.lr = 3e-4
     c.train.mini_batch_rows = 64
-    c.train.length_buckets = (256, 320, 384, 448, 512, 768)
+    c.train.length_buckets = (256, 320, 384, 448, 512, 768, 1280)  # trained judgments (algo.judge_train) too
     c.train.recompute_old_logp = False
     c.sft.steps = 1500  # the tiny model learns to copy names from the prompt between 600 and 1500 steps
     c.sft.lr = 1.5e-2

@@ -35,7 +35,7 @@ def get_config():
     c.sampling.batch_buckets = (8, 16, 32)
     c.train.lr = 3e-4
     c.train.mini_batch_rows = 64
-    c.train.length_buckets = (256, 320, 384, 448, 512, 768, 1024)
+    c.train.length_buckets = (256, 320, 384, 448, 512, 768, 1024, 1536, 2048)  # trained judgments too
     c.train.recompute_old_logp = False
     c.sft.steps = 1500
     c.sft.lr = 1.5e-2

@@ -117,3 +117,41 @@ def test_household_prompts_keep_revealed_locations_every_step():
     assert reveal and len(seen) == 8
     for text in seen[1:]:
         assert all(r in text for r in reveal)
+
+
+@pytest.mark.parametrize("name", ["tiny_household", "tiny_shop"])
+def test_the_longest_self_judgment_prompt_fits_the_prompt_buckets(name, tmp_path):
+    """A judgment lists every step (a 150-character observation excerpt and the action), so with
+    max_steps steps it is the longest prompt of a run. tiny_shop once sampled a 1,110-token one
+    against a largest bucket of 1,024, after 23 minutes of SFT. Worst case here: a real
+    observation, an action and a strategy each as long as their token budgets allow, measured
+    with the tokenizer the run trains (rollout/warmstart.py, on the same corpus)."""
+    import importlib
+
+    from rollout.demos import corpus, expert_env_kwargs
+    from rollout.envs import make_env
+    from strata_jax.models.hf import load_tokenizer
+    from strata_jax.models.tiny import make_tiny_model
+
+    c = importlib.import_module(f"configs.{name}").get_config()
+    c.log.progress = False
+    path = make_tiny_model(tmp_path / "m", texts=corpus(c), vocab_size=int(c.model.tiny_vocab), hidden_size=16,
+                           layers=1, heads=2, kv_heads=1, intermediate_size=32)
+    tok = load_tokenizer(path)
+    env = make_env(c.env.name, **expert_env_kwargs(c))
+    obs, _ = env.reset(seed=3)
+    task = obs[-300:]
+    first = importlib.import_module(f"rollout.envs.{c.env.name}").expert_plan(env)[0]
+    obs, *_ = env.step(first)  # household: arrive somewhere; shop: a results page
+    obs = max(obs, task, key=len)
+    assert len(obs) > 150
+
+    def budget_long(text: str, budget: int) -> str:
+        return tok.decode(tok.encode((text + " ") * 64, add_special_tokens=False)[:budget])
+
+    action = "<action>" + budget_long("search[womens waterproof hiking boots] put mug 1 in/on coffeemachine 1",
+                                      c.sampling.max_action_tokens)
+    strategy = budget_long("go to countertop 1, take mug 1, heat it with microwave 1, then buy", c.sampling.max_strategy_tokens)
+    n = len(tok.encode(render(judge_prompt(task, strategy, [(obs, action)] * c.env.max_steps), tok),
+                       add_special_tokens=False))
+    assert n <= max(c.sampling.prompt_buckets), (n, c.sampling.prompt_buckets)

@@ -497,37 +497,3 @@ def test_strata_and_beacon_iterate_on_shop_through_launch(tmp_path):
         cfg = json.loads((work / "config.json").read_text())
         assert cfg["env"]["name"] == "shop" and cfg["algo"]["name"] == name
 
-
-def test_the_longest_self_judgment_prompt_fits_the_prompt_buckets(tmp_path):
-    """A judgment lists every step (a 150-character observation excerpt and the action), so with
-    12 steps it is the longest prompt of a shop run. tiny_shop once sampled a 1,110-token one
-    against a largest bucket of 1,024, after 23 minutes of SFT. Worst case here: a real results
-    page excerpt, an action and a strategy each as long as their token budgets allow."""
-    from configs.tiny_shop import get_config
-    from rollout.demos import corpus, expert_env_kwargs
-    from rollout.policy import render
-    from rollout.prompts import judge_prompt
-    from strata_jax.models.hf import load_tokenizer
-    from strata_jax.models.tiny import make_tiny_model
-
-    c = get_config()
-    c.log.progress = False
-    # the tokenizer the run trains (rollout/warmstart.py), on the same corpus, without the model's SFT
-    path = make_tiny_model(tmp_path / "m", texts=corpus(c), vocab_size=int(c.model.tiny_vocab), hidden_size=16,
-                           layers=1, heads=2, kv_heads=1, intermediate_size=32)
-    tok = load_tokenizer(path)
-    env = make_env("shop", **expert_env_kwargs(c))
-    env.reset(seed=3)
-    obs, *_ = env.step(expert_plan(env)[0])  # a results page
-    assert len(obs) > 150
-
-    def budget_long(text: str, budget: int) -> str:
-        ids = tok.encode((text + " ") * 64, add_special_tokens=False)[:budget]
-        return tok.decode(ids)
-
-    action = f"<action>{budget_long('search[womens waterproof hiking boots size 9 wide]', c.sampling.max_action_tokens)}"
-    strategy = budget_long("search the exact product, open it, choose every option, then buy", c.sampling.max_strategy_tokens)
-    task = obs.split("Instruction:")[-1][:300] if "Instruction:" in obs else obs[:300]
-    msgs = judge_prompt(task, strategy, [(obs, action)] * c.env.max_steps)
-    n = len(tok.encode(render(msgs, tok), add_special_tokens=False))
-    assert n <= max(c.sampling.prompt_buckets), (n, c.sampling.prompt_buckets)
