@@ -496,4 +496,3 @@ def test_strata_and_beacon_iterate_on_shop_through_launch(tmp_path):
         assert 0.0 <= last["train/success"] <= 1.0
         cfg = json.loads((work / "config.json").read_text())
         assert cfg["env"]["name"] == "shop" and cfg["algo"]["name"] == name
-
