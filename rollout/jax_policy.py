@@ -21,12 +21,26 @@ STOP_TAGS = {"strategy": "</strategy>", "action": "</action>", "judge": "</bad_s
 
 
 def stop_sequences(tokenizer: Any, tag: str) -> list[list[int]]:
-    """Token ids of `tag` as it can appear after text: alone and after a space (BPE merges differ)."""
+    """Token ids of `tag` as it can appear after text: alone, after a space, and merged with the
+    text before it. A BPE vocabulary can hold a token that ends with the start of the tag, such as
+    "]</" in `search[a b]</action>`, which the shop tokenizer writes "]</" "action" ">". Every such
+    token is followed by the rest of the tag as the tokenizer writes it; a variant is kept only
+    if the tokenizer reproduces that token when it encodes the text."""
     seqs = []
     for variant in (tag, " " + tag):
         ids = tokenizer.encode(variant, add_special_tokens=False)
         if ids and ids not in seqs:
             seqs.append(ids)
+    # Raw token strings keep ASCII as is (byte-level BPE, SentencePiece), so only tokens whose raw
+    # string holds the tag's first character need decoding.
+    candidates = sorted(i for t, i in tokenizer.get_vocab().items() if tag[0] in t)
+    for tid in candidates:
+        text = tokenizer.decode([tid])
+        for k in range(1, len(tag)):
+            if len(text) > k and text.endswith(tag[:k]):
+                ids = tokenizer.encode(text + tag[k:], add_special_tokens=False)
+                if ids and ids[0] == tid and ids not in seqs:
+                    seqs.append(ids)
     return seqs
 
 
@@ -57,14 +71,16 @@ class JaxPolicy:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         eos = eos_ids(tokenizer)
         self.samplers = {}
+        self.stops = {k: stop_sequences(tokenizer, STOP_TAGS[k]) for k in budgets}
         for kind, budget in budgets.items():
             check_kind(kind)
-            cfg = SamplerConfig(max_new_tokens=int(budget), max_prompt_len=int(max(prompt_buckets)),
+            stops = self.stops[kind]
+            cfg = SamplerConfig(max_stop_sequences=max(8, len(stops)), max_stop_len=max([16, *map(len, stops)]),
+                                max_new_tokens=int(budget), max_prompt_len=int(max(prompt_buckets)),
                                 prompt_buckets=tuple(prompt_buckets), max_batch=int(max(batch_buckets)),
                                 batch_buckets=tuple(batch_buckets), eos_ids=eos, pad_id=int(pad),
                                 cache_dtype=cache_dtype, return_embedding=(kind == "strategy"))
             self.samplers[kind] = Sampler(graphdef, cfg, mesh=mesh)
-        self.stops = {k: stop_sequences(tokenizer, STOP_TAGS[k]) for k in budgets}
         self.tokens_generated = 0
         self.sample_seconds = 0.0
         self.seconds_by_kind = {k: 0.0 for k in self.samplers}  # sampler time per call kind

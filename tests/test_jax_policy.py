@@ -51,3 +51,28 @@ def test_strategy_temperature_is_refused_without_strategies():
     c = with_algo_env(base_config(), "strata", "household")
     c.sampling.strategy_temperature = 0.5
     validate(c)  # StraTA accepts it
+
+
+def test_stop_sequences_catch_a_tag_merged_with_the_text_before_it(tmp_path):
+    """The shop tokenizer writes `search[a b]</action>` as ... "]</" "action" ">": the plain
+    "</" "action" ">" never appears, and generation ran on to the action budget (docs/RESULTS.md).
+    Every answer that ends with the tag must end with one of the stop sequences."""
+    from configs.tiny_shop import get_config
+    from rollout.demos import corpus
+    from rollout.jax_policy import stop_sequences
+
+    c = get_config()
+    c.log.progress = False
+    tok = load_tokenizer(make_tiny_model(tmp_path / "m", texts=corpus(c, num_tasks=32), vocab_size=int(c.model.tiny_vocab),
+                                         hidden_size=16, layers=1, heads=2, kv_heads=1, intermediate_size=32))
+    answers = ["search[vegan organic licorice]", "click[next >]", "click[buy now]", "go to desk 1", "look.", "x"]
+    merged = 0
+    for tag in ("</action>", "</strategy>", "</bad_steps>"):
+        stops = stop_sequences(tok, tag)
+        plain = tok.encode(tag, add_special_tokens=False)
+        for text in answers:
+            ids = tok.encode(f"<think>ok</think>{text}{tag}", add_special_tokens=False)
+            assert any(ids[-len(s):] == s for s in stops), (tag, text, [tok.decode([i]) for i in ids[-4:]])
+            merged += ids[-len(plain):] != plain
+        assert all(tok.decode(s).endswith(tag) for s in stops)
+    assert merged > 0  # the case this guards against occurs with this tokenizer
