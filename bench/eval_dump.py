@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo's rollout/, not bench/rollout.py
 
-import ml_collections as mlc
 import numpy as np
+
+from configs.base import base_config
+
+
+def _merge(config, saved: dict):
+    for k, v in saved.items():
+        if isinstance(v, dict) and k in config:
+            _merge(config[k], v)
+        else:
+            config[k] = tuple(v) if isinstance(v, list) else v
+    return config
 
 
 def main() -> None:
@@ -29,21 +38,18 @@ def main() -> None:
     ap.add_argument("workdir")
     ap.add_argument("--temperature", type=float, default=None, help="default: the config's eval_temperature")
     args = ap.parse_args()
-    from rollout.collect import collect
+    from rollout.evaluate import evaluation_rollout
     from rollout.run import Run
-    from rollout.setup import eval_tasks, make_envs, num_tasks, rollout_config
+    from rollout.setup import eval_tasks, make_envs, num_tasks
 
     wd = pathlib.Path(args.workdir)
-    config = mlc.ConfigDict(json.loads((wd / "config.json").read_text()))
+    # the run's saved values over today's defaults, so a run saved before a key existed still loads
+    config = _merge(base_config(), json.loads((wd / "config.json").read_text()))
     temp = float(config.sampling.eval_temperature if args.temperature is None else args.temperature)
     run = Run(config, wd, for_training=False)
     tasks = eval_tasks(config, num_tasks(config, config.env.eval_split))
     envs = make_envs(config, len(tasks), config.env.eval_split)
-    run.sync_policy()
-    run.policy.reseed(int(config.seed) + 1, 0)  # the keys `launch.py eval` uses
-    run.set_temperature(temp)
-    cfg = dataclasses.replace(rollout_config(config, eval_mode=True), progress=False)
-    res = collect(envs, run.policy, tasks, cfg)
+    res = evaluation_rollout(run, envs, tasks, temp)  # what `launch.py eval` runs, same keys
     kinds = collections.Counter()
     for tr in res.texts["trajectories"]:
         bad = sum(s.get("reason") is not None for s in tr["steps"])

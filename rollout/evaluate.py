@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from rollout.run import Run
 
 
-def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, task_types: dict) -> dict:
-    """Success overall, per horizon bucket and per task type on held-out tasks (one episode each).
+def evaluation_rollout(run: Run, envs, tasks: list[int], temperature: float):
+    """One episode per held-out task at `temperature` -> the RolloutResult (trajectories and texts),
+    with the same sampler keys for every checkpoint.
 
     Several processes: only process 0 evaluates (no collective inside), with the params
     iteration_step already gathered."""
@@ -30,7 +31,13 @@ def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, 
     run.policy.reseed(int(run.config.seed) + 1, 0)  # the same eval samples for every checkpoint
     run.set_temperature(temperature)
     cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=False)
-    res = collect(envs, run.policy, tasks, cfg)
+    return collect(envs, run.policy, tasks, cfg)
+
+
+def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, task_types: dict) -> dict:
+    """Success overall, per horizon bucket and per task type on held-out tasks (one episode each,
+    `evaluation_rollout`)."""
+    res = evaluation_rollout(run, envs, tasks, temperature)
     won = np.asarray(res.traj.won)[:, 0, 0]
     valid = np.asarray(res.traj.traj_mask)[:, 0, 0]
     horizon = np.asarray(res.traj.horizon)
