@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.advantages import Advantages
-from strata_jax.advantages.groups import index_grid, run_scan, sort_groups
+from strata_jax.advantages.grid import grid_last
+from strata_jax.advantages.groups import group_by, index_grid
 from strata_jax.batch import TrajectoryBatch
 from strata_jax.diversity import cosine_distances
 
@@ -31,26 +32,35 @@ def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> t
 
     Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
     the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
-    Steps without an anchor or action id (negative) are left out. Keys are contiguous runs of a
-    sorted layout (built from ids only); sign flags are OR-ed along each run by a segmented scan.
+    Steps without an anchor or action id (negative) are left out. Which keys are shared comes from
+    ids only (built once); per advantage only its sign flags are reduced over each key, by a
+    grid-last kernel (one call for a whole vmapped grid, advantages/grid.py).
     """
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
-    keys = (index_grid(shape, 0), batch.anchor_id, batch.action_id)
-    layout = sort_groups(keys, valid, (shape[0], None, None))
+    groups = group_by((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid, (shape[0], None, None))
     traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2]
-            + index_grid(shape, 2)).reshape(-1)  # [T] natural
-    ts = traj[layout.order]  # sorted
-    a = step_adv.reshape(-1)[layout.order]
-    # A key spans two or more trajectories <=> some step of its run has another trajectory than
-    # the run's first step (bit 4); bits 1 / 2: a positive / negative advantage.
-    other = (ts != traj[layout.head]).astype(jnp.int32)
-    sign = jnp.where(a > ADV_TOL, 1, 0) | jnp.where(a < -ADV_TOL, 2, 0)  # [T] bit flags
-    flags = run_scan(other * 4 | sign, layout, jnp.bitwise_or)  # run total at its last position
-    is_last = layout.valid & (jnp.arange(ts.shape[0]) == layout.last)  # one position per key
-    shared = is_last & (flags >= 4)
+            + index_grid(shape, 2)).reshape(-1)  # [T]
+    # Per key id: the key has members and two of them lie in different trajectories.
+    members = jax.ops.segment_sum(groups.valid.astype(jnp.int32), groups.ids, num_segments=groups.num)
+    shared = (members > 0) & (jax.ops.segment_min(traj, groups.ids, num_segments=groups.num)
+                              != jax.ops.segment_max(traj, groups.ids, num_segments=groups.num))
+    # Sign flags, bit 1: A > tol, bit 2: A < -tol; int8 so that a grid moves few bytes.
+    flags = (jnp.where(step_adv > ADV_TOL, 1, 0) | jnp.where(step_adv < -ADV_TOL, 2, 0)) * valid
+    both = _BOTH_SIGNS(flags.astype(jnp.int8), (groups, shared))
     n_keys = shared.sum()
-    return _ratio((shared & ((flags & 3) == 3)).sum(), n_keys), n_keys
+    return _ratio(both, n_keys), n_keys
+
+
+@grid_last
+def _BOTH_SIGNS(flags, shared):
+    """flags [P, N, M, H, G] int8 -> [G]: shared keys whose flags include both signs."""
+    groups, shared_key = shared
+    f = flags.reshape(groups.num, -1)  # [T, G]
+    g = f.shape[-1]
+    lanes = jnp.concatenate([f & 1, f >> 1], axis=-1)  # [T, 2G]: positive lanes, negative lanes
+    seen = jax.ops.segment_max(lanes, groups.ids, num_segments=groups.num)  # [keys, 2G]
+    return ((seen[:, :g] > 0) & (seen[:, g:] > 0) & shared_key[:, None]).sum(0)
 
 
 def _horizon_buckets(batch: TrajectoryBatch, won_t: jax.Array, tm: jax.Array) -> dict[str, jax.Array]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from strata_jax.advantages.groups import index_grid, sort_groups, sorted_normalize
+from strata_jax.advantages.grid import grid_last
+from strata_jax.advantages.groups import NORM_MODES, check_mode, group_by, index_grid, normalize_rows
 from strata_jax.advantages.grpo import episode_advantage
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.batch import TrajectoryBatch
@@ -27,26 +28,52 @@ def step_rewards(batch: TrajectoryBatch) -> jax.Array:
 
 
 def discounted_returns(r: jax.Array, gamma: jax.Array) -> jax.Array:
-    """R_t = sum_{k >= t} gamma^{k-t} r_k along the last axis -> same shape as r.
+    """R_t = sum_{k >= t} gamma^{k-t} r_k along the LEADING axis (time) -> [H, ...] f32.
 
-    r: [..., H] with 0 on padded steps (so they add nothing); gamma: traced scalar. One matmul with
-    the [H, H] upper-triangular discount matrix: cheaper than an H-step scan, and under vmap over
-    gamma it batches as a matmul.
+    r: [H, ...] with 0 on padded steps (so they add nothing); gamma: traced, broadcastable against
+    one time slice of r (a scalar, or a [G] grid along a trailing axis). A reverse scan,
+    R_t = r_t + gamma R_{t+1}: H multiply-adds per element, where the [H, H] discount matmul it
+    replaces cost H per element and, batched over a grid, ran at a fraction of the matmul rate.
     """
-    h = r.shape[-1]
-    lag = jnp.arange(h)[:, None] - jnp.arange(h)[None, :]  # [k, t] = k - t
-    disc = jnp.where(lag >= 0, jnp.power(gamma, jnp.maximum(lag, 0).astype(jnp.float32)), 0.0)
-    return jnp.einsum("...k,kt->...t", r, disc, precision=jax.lax.Precision.HIGHEST)
+    r = r.astype(jnp.float32)
+    gamma = jnp.asarray(gamma, jnp.float32)
+
+    def back(later, r_t):
+        now = r_t + gamma * later
+        return now, now
+
+    init = jnp.zeros(jnp.broadcast_shapes(r.shape[1:], gamma.shape), jnp.float32)
+    return jax.lax.scan(back, init, r, reverse=True)[1]
 
 
-def anchor_step_advantage(batch: TrajectoryBatch, returns: jax.Array, mode: str) -> jax.Array:
+def _anchor_kernel(mode: str):
+    """Grid-last kernel: gamma [G] -> A^S [H, P, N, M, G], time-major (the scan's order)."""
+
+    def kernel(gamma, shared):
+        r_tm, groups = shared  # r_tm [H, P, N, M] step rewards; groups over the same order
+        returns = discounted_returns(r_tm[..., None], gamma)  # [H, P, N, M, G]
+        return normalize_rows(returns.reshape(groups.num, -1), groups, mode).reshape(returns.shape)
+
+    return grid_last(kernel)
+
+
+_ANCHOR = {mode: _anchor_kernel(mode) for mode in NORM_MODES}
+
+
+def anchor_step_advantage(batch: TrajectoryBatch, gamma: jax.Array, mode: str) -> jax.Array:
     """A^S = norm(R_t) within (task, anchor observation) groups -> [P, N, M, H].
 
-    Steps with a negative anchor id ("no id") form no group and get 0, like singletons.
+    Steps with a negative anchor id ("no id") form no group and get 0, like singletons. The
+    groups come from ids only; under a vmap over gamma the returns and group sums of every grid
+    point are computed in one grid-last call (advantages/grid.py). Inside, steps are time-major
+    ([H, P, N, M]) so that the returns are a scan over the leading axis; the move back to
+    [P, N, M, H] merges with the grid-last kernel's own transpose.
     """
-    valid = batch.step_mask & (batch.anchor_id >= 0)
-    layout = sort_groups((index_grid(batch.shape, 0), batch.anchor_id), valid, (batch.shape[0], None))
-    return sorted_normalize(returns, layout, mode)
+    check_mode(mode)
+    tm = lambda x: jnp.moveaxis(x, -1, 0)  # noqa: E731  [P, N, M, H] -> [H, P, N, M]
+    valid = tm(batch.step_mask & (batch.anchor_id >= 0))
+    groups = group_by((tm(index_grid(batch.shape, 0)), tm(batch.anchor_id)), valid, (batch.shape[0], None))
+    return jnp.moveaxis(_ANCHOR[mode](gamma, (tm(step_rewards(batch)), groups)), 0, -1)
 
 
 def gigpo_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
@@ -57,6 +84,5 @@ def gigpo_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax
     """
     mode = params.gigpo_norm
     a_e = episode_advantage(batch, params, mode)  # [P, N, M]
-    returns = discounted_returns(step_rewards(batch), params.gamma)  # [P, N, M, H]
-    a_s = anchor_step_advantage(batch, returns, mode)
+    a_s = anchor_step_advantage(batch, params.gamma, mode)  # [P, N, M, H]
     return a_e[..., None] + params.omega * a_s
