@@ -28,13 +28,13 @@ def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
 
 
 def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """CAR -> (ratio, number of keys).
+    """CAR of step_adv [P, N, M, H, G] (grid-last) -> (ratio [G], number of keys).
 
     Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
     the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
     Steps without an anchor or action id (negative) are left out. Which keys are shared comes from
-    ids only (built once); per advantage only its sign flags are reduced over each key, by a
-    grid-last kernel (one call for a whole vmapped grid, advantages/grid.py).
+    ids only; per grid point only sign flags are reduced over each key, one scatter-max of
+    contiguous rows of [2G] int8 lanes for the whole grid.
     """
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
@@ -45,22 +45,35 @@ def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> t
     members = jax.ops.segment_sum(groups.valid.astype(jnp.int32), groups.ids, num_segments=groups.num)
     shared = (members > 0) & (jax.ops.segment_min(traj, groups.ids, num_segments=groups.num)
                               != jax.ops.segment_max(traj, groups.ids, num_segments=groups.num))
-    # Sign flags, bit 1: A > tol, bit 2: A < -tol; int8 so that a grid moves few bytes.
-    flags = (jnp.where(step_adv > ADV_TOL, 1, 0) | jnp.where(step_adv < -ADV_TOL, 2, 0)) * valid
-    both = _BOTH_SIGNS(flags.astype(jnp.int8), (groups, shared))
+    v = valid[..., None]
+    lanes = jnp.concatenate([v & (step_adv > ADV_TOL), v & (step_adv < -ADV_TOL)], axis=-1)  # [.., 2G]
+    seen = jax.ops.segment_max(lanes.reshape(groups.num, -1).astype(jnp.int8), groups.ids,
+                               num_segments=groups.num)  # [keys, 2G]
+    g = step_adv.shape[-1]
+    both = ((seen[:, :g] > 0) & (seen[:, g:] > 0) & shared[:, None]).sum(0)  # [G]
     n_keys = shared.sum()
     return _ratio(both, n_keys), n_keys
 
 
-@grid_last
-def _BOTH_SIGNS(flags, shared):
-    """flags [P, N, M, H, G] int8 -> [G]: shared keys whose flags include both signs."""
-    groups, shared_key = shared
-    f = flags.reshape(groups.num, -1)  # [T, G]
-    g = f.shape[-1]
-    lanes = jnp.concatenate([f & 1, f >> 1], axis=-1)  # [T, 2G]: positive lanes, negative lanes
-    seen = jax.ops.segment_max(lanes, groups.ids, num_segments=groups.num)  # [keys, 2G]
-    return ((seen[:, :g] > 0) & (seen[:, g:] > 0) & shared_key[:, None]).sum(0)
+def advantage_diagnostics(batch: TrajectoryBatch, step_adv: jax.Array) -> dict[str, jax.Array]:
+    """The diagnostics that read advantages, grid-last: step_adv [P, N, M, H, G] -> {name: [G]}."""
+    sm = batch.step_mask[..., None]
+    a = jnp.where(sm, step_adv, 0.0)
+    axes = (0, 1, 2, 3)
+    n_steps = batch.step_mask.sum()
+    esu = _ratio((sm & (jnp.abs(a) > ADV_TOL)).sum(axes), n_steps)
+    ms = (batch.milestone & batch.step_mask)[..., None]
+    other = (batch.step_mask & ~batch.milestone)[..., None]
+    ms_mean = _ratio(jnp.abs(a).sum(axes, where=ms), ms.sum())
+    other_mean = _ratio(jnp.abs(a).sum(axes, where=other), other.sum())
+    car, car_keys = contradictory_action_ratio(batch, a)
+    return {"esu": esu, "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0), "car": car,
+            "car_keys": jnp.broadcast_to(car_keys.astype(jnp.int32), esu.shape), "ccr": _ratio(ms_mean, other_mean)}
+
+
+# Without a valid step every advantage diagnostic is 0, so a grid call may skip the kernel.
+_ADV_DIAGNOSTICS = grid_last(lambda step_adv, batch: advantage_diagnostics(batch, step_adv),
+                             lambda batch: batch.step_mask.any())
 
 
 def _horizon_buckets(batch: TrajectoryBatch, won_t: jax.Array, tm: jax.Array) -> dict[str, jax.Array]:
@@ -81,27 +94,20 @@ def compute_diagnostics(
     task_type: jax.Array | None = None,  # [P] int in [0, num_task_types), for success by type
     num_task_types: int = 0,
 ) -> dict[str, jax.Array]:
-    """Scalars (and `success_by_type` [num_task_types]) describing one iteration."""
+    """Scalars (and `success_by_type` [num_task_types]) describing one iteration.
+
+    Those that read advantages come from one grid-last kernel (advantages/grid.py): under a vmap
+    over advantages (a hyper-parameter grid) it runs once for the whole grid.
+    """
     sm = batch.step_mask
-    a = jnp.where(sm, adv.step, 0.0)
     n_steps = sm.sum()
     tm = batch.traj_mask.reshape(batch.shape[0], -1).astype(jnp.float32)  # [P, N*M]
     won = (batch.won.reshape(tm.shape) & (tm > 0)).astype(jnp.float32)
     any_ms = (batch.milestone & sm).any(-1).reshape(tm.shape).astype(jnp.float32)
     n_traj = tm.sum()
-    esu = _ratio((sm & (jnp.abs(a) > ADV_TOL)).sum(), n_steps)
-    ms = batch.milestone & sm
-    other = sm & ~batch.milestone
-    ms_mean = _ratio(jnp.abs(a).sum(where=ms), ms.sum())
-    other_mean = _ratio(jnp.abs(a).sum(where=other), other.sum())
-    car, car_keys = contradictory_action_ratio(batch, a)
-    out = {
-        "esu": esu,
-        "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0),
-        "car": car,
-        "car_keys": car_keys.astype(jnp.int32),
-        "ccr": _ratio(ms_mean, other_mean),
-        "milestone_steps": ms.sum().astype(jnp.int32),
+    out = _ADV_DIAGNOSTICS(adv.step, batch)
+    out.update({
+        "milestone_steps": (batch.milestone & sm).sum().astype(jnp.int32),
         "success": _ratio(won.sum(), n_traj),
         "outcome_full": _ratio(won.sum(), n_traj),
         "outcome_partial": _ratio((any_ms * (1.0 - won) * tm).sum(), n_traj),
@@ -111,7 +117,7 @@ def compute_diagnostics(
         "mean_episode_length": _ratio(n_steps, n_traj),
         "num_trajectories": n_traj.astype(jnp.int32),
         "num_steps": n_steps.astype(jnp.int32),
-    }
+    })
     out.update(_horizon_buckets(batch, won, tm))
     if num_task_types:
         if task_type is None:

@@ -464,5 +464,5 @@ def test_beacon_shaping_rewards_hand():
     seg, dist = segments(b.step_mask, b.milestone)
     assert np.asarray(seg)[0, 0, 0, :5].tolist() == [0, 0, 1, 1, 2]
     assert np.asarray(dist)[0, 0, 0, :5].tolist() == [1, 0, 1, 0, -1]
-    r = np.asarray(shaping_rewards(b, AdvantageParams(beacon_gamma=0.5, r_ms=8.0)))
-    np.testing.assert_allclose(r[0, 0, 0], [4, 8, 4, 8, 0, 0])
+    r = np.asarray(shaping_rewards(b, AdvantageParams(beacon_gamma=0.5, r_ms=8.0)))  # grid-last, G = 1
+    np.testing.assert_allclose(r[0, 0, 0, :, 0], [4, 8, 4, 8, 0, 0])

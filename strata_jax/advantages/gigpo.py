@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from strata_jax.advantages.grid import grid_last
-from strata_jax.advantages.groups import NORM_MODES, check_mode, group_by, index_grid, normalize_rows
+from strata_jax.advantages.groups import check_mode, group_by, index_grid, normalize_rows
 from strata_jax.advantages.grpo import episode_advantage
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.batch import TrajectoryBatch
@@ -46,43 +45,30 @@ def discounted_returns(r: jax.Array, gamma: jax.Array) -> jax.Array:
     return jax.lax.scan(back, init, r, reverse=True)[1]
 
 
-def _anchor_kernel(mode: str):
-    """Grid-last kernel: gamma [G] -> A^S [H, P, N, M, G], time-major (the scan's order)."""
-
-    def kernel(gamma, shared):
-        r_tm, groups = shared  # r_tm [H, P, N, M] step rewards; groups over the same order
-        returns = discounted_returns(r_tm[..., None], gamma)  # [H, P, N, M, G]
-        return normalize_rows(returns.reshape(groups.num, -1), groups, mode).reshape(returns.shape)
-
-    return grid_last(kernel)
-
-
-_ANCHOR = {mode: _anchor_kernel(mode) for mode in NORM_MODES}
-
-
 def anchor_step_advantage(batch: TrajectoryBatch, gamma: jax.Array, mode: str) -> jax.Array:
-    """A^S = norm(R_t) within (task, anchor observation) groups -> [P, N, M, H].
+    """A^S = norm(R_t) within (task, anchor observation) groups: gamma [G] -> [P, N, M, H, G].
 
     Steps with a negative anchor id ("no id") form no group and get 0, like singletons. The
-    groups come from ids only; under a vmap over gamma the returns and group sums of every grid
-    point are computed in one grid-last call (advantages/grid.py). Inside, steps are time-major
-    ([H, P, N, M]) so that the returns are a scan over the leading axis; the move back to
-    [P, N, M, H] merges with the grid-last kernel's own transpose.
+    groups come from ids only (built once for a whole grid); each group sum is a scatter of
+    contiguous [G] rows. Steps are time-major ([H, P, N, M]) inside, so that the returns are a
+    scan over the leading axis; moving time back is a permutation of whole [G] rows.
     """
     check_mode(mode)
-    tm = lambda x: jnp.moveaxis(x, -1, 0)  # noqa: E731  [P, N, M, H] -> [H, P, N, M]
+    tm = lambda x: jnp.moveaxis(x, 3, 0)  # noqa: E731  [P, N, M, H, ...] -> [H, P, N, M, ...]
     valid = tm(batch.step_mask & (batch.anchor_id >= 0))
     groups = group_by((tm(index_grid(batch.shape, 0)), tm(batch.anchor_id)), valid, (batch.shape[0], None))
-    return jnp.moveaxis(_ANCHOR[mode](gamma, (tm(step_rewards(batch)), groups)), 0, -1)
+    returns = discounted_returns(tm(step_rewards(batch))[..., None], gamma)  # [H, P, N, M, G]
+    a_s = normalize_rows(returns.reshape(groups.num, -1), groups, mode).reshape(returns.shape)
+    return jnp.moveaxis(a_s, 0, 3)
 
 
 def gigpo_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
-    """A_{i,t} = A^E_i + omega * A^S_{i,t} -> [P, N, M, H].
+    """A_{i,t} = A^E_i + omega * A^S_{i,t} -> [P, N, M, H, G] (grid-last: params fields are [G]).
 
     (choice) `gigpo_norm` ('std' | 'mean') applies to both the episode and the anchor-state
     statistics, as verl-agent's single `mode` switch does.
     """
     mode = params.gigpo_norm
     a_e = episode_advantage(batch, params, mode)  # [P, N, M]
-    a_s = anchor_step_advantage(batch, params.gamma, mode)  # [P, N, M, H]
-    return a_e[..., None] + params.omega * a_s
+    a_s = anchor_step_advantage(batch, params.gamma, mode)  # [P, N, M, H, G]
+    return a_e[..., None, None] + params.omega * a_s

@@ -1,6 +1,6 @@
 """Grid-last kernels: one call computes every point of a `jax.vmap` hyper-parameter grid.
 
-    kernel = grid_last(lambda per_point, shared: ...)   # leaves of per_point: [..., G]
+    kernel = grid_last(lambda per_point, shared: ..., busy)   # leaves of per_point: [..., G]
     kernel(per_point, shared)                            # one point: no grid axis anywhere
     jax.vmap(kernel, in_axes=(0, None))(stacked, shared) # the grid: ONE kernel call, G = grid size
 
@@ -24,11 +24,17 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 
-def grid_last(kernel: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def grid_last(kernel: Callable[[Any, Any], Any], busy: Callable[[Any], jax.Array]) -> Callable[[Any, Any], Any]:
     """Wrap kernel(per_point, shared) -> pytree of [..., G] arrays (see the module docstring).
 
     Every per_point leaf carries the grid axis last ([..., G]; a scalar parameter is a [G]
     vector); kernel must broadcast a size-1 grid axis (a leaf that is not vmapped gets G = 1).
+    busy(shared) -> scalar bool: False only when every output is 0 (nothing to group), so the
+    grid call may skip the kernel. That `lax.cond` is also what keeps the grid fast: XLA:CPU would
+    otherwise fuse the grid-first transpose of the outputs into the kernel's last gathers and
+    redo each gather per element in transposed order (4-7x slower than gathering into a buffer
+    and transposing it); a conditional's result is its own buffer, and XLA removes
+    `optimization_barrier`s before fusion.
     """
 
     def one_point(per_point, shared):
@@ -47,7 +53,9 @@ def grid_last(kernel: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             return out, jax.tree.map(lambda _: True, out)
         per_point = jax.tree.map(lambda x, b: jnp.moveaxis(x, 0, -1) if b else jnp.asarray(x)[..., None],
                                  per_point, point_b)
-        out = kernel(per_point, shared)
+        shapes = jax.eval_shape(kernel, per_point, shared)
+        out = jax.lax.cond(busy(shared), kernel, lambda *_: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes),
+                           per_point, shared)
         out = jax.tree.map(lambda y: jnp.moveaxis(jnp.broadcast_to(y, y.shape[:-1] + (axis_size,)), -1, 0), out)
         return out, jax.tree.map(lambda _: True, out)
 
