@@ -3,9 +3,10 @@
 Default (CPU): the tiny default model (strata_jax.models.tiny), our jitted train step (forward,
 chunked log-probs, PPO loss, backward, clip + AdamW) vs the same weights in transformers PyTorch
 (forward, log-softmax gather, the same PPO-clip loss, backward, clip + AdamW), one CPU thread
-each, same batch and length. Prints tokens/s of both and the ratio ours / torch.
+each on one pinned core, same batch and length, steps interleaved. Prints tokens/s of both and
+the ratio ours / torch.
 
-    python bench/train.py [--batch 8] [--length 128] [--iters 5]
+    python bench/train.py [--batch 8] [--length 128] [--iters 15]
 
 --gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
 bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
@@ -19,7 +20,11 @@ import os
 import sys
 
 GPU = "--gpu" in sys.argv and "--smoke" not in sys.argv
-if not GPU:  # one XLA thread, so the comparison with torch.set_num_threads(1) is like for like
+if not GPU:
+    # Like for like with torch.set_num_threads(1): the process is pinned to one core before jax and
+    # torch start (every thread of both shares it, as in bench/sampler.py), XLA without its Eigen
+    # pool and with one intra-op thread.
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -65,17 +70,28 @@ def make_batch(b: int, t: int, vocab: int, seed: int = 0) -> TokenBatch:
 
 def _time_steps(step, state, batch, iters):
     """Median seconds per step after one warm-up (compile) step; the state is threaded through."""
-    state, m = step(state, batch, 1.0)
-    jax.block_until_ready(m)
+    run = _jax_runner(step, state, batch)
     times = []
     for _ in range(iters):
+        times.append(run())
+    return float(np.median(times)), run
+
+
+def _jax_runner(step, state, batch):
+    """A function that runs one step (after a warm-up / compile step) and returns its seconds."""
+    holder = {"state": state}
+
+    def run():
         t0 = time.perf_counter()
-        state, m = step(state, batch, 1.0)
-        jax.block_until_ready((state.step, m))
-        times.append(time.perf_counter() - t0)
-    if not np.isfinite(float(m["loss"])):
-        raise RuntimeError(f"benchmark produced a non-finite loss: {m}")
-    return float(np.median(times)), state
+        holder["state"], m = step(holder["state"], batch, 1.0)
+        jax.block_until_ready((holder["state"].step, m))
+        dt = time.perf_counter() - t0
+        if not np.isfinite(float(m["loss"])):
+            raise RuntimeError(f"benchmark produced a non-finite loss: {m}")
+        return dt
+
+    run()
+    return run
 
 
 def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192):
@@ -102,14 +118,22 @@ def bench_cpu(args):
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     step, state = _jax_step(graphdef, params, mesh)
-    ours, _ = _time_steps(step, state, batch, args.iters)
-    theirs = _time_torch(ref, batch, args.iters)
+    ours_run, theirs_run = _jax_runner(step, state, batch), _torch_runner(ref, batch)
+    # Interleaved rounds (one step each, in turn), so that load drift on a shared machine hits
+    # both sides alike; the median of each side.
+    ours, theirs = [], []
+    for _ in range(args.iters):
+        ours.append(ours_run())
+        theirs.append(theirs_run())
+    ours, theirs = float(np.median(ours)), float(np.median(theirs))
     print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
-          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f}")
+          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
+          f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f})")
 
 
-def _time_torch(model, batch: TokenBatch, iters: int) -> float:
-    """The same update in PyTorch: PPO clip (0.2, dual clip 3) + k3 KL, token mean, clip 1.0, AdamW."""
+def _torch_runner(model, batch: TokenBatch):
+    """The same update in PyTorch: PPO clip (0.2, dual clip 3) + k3 KL, token mean, clip 1.0, AdamW.
+    Returns a function that runs one step (after a warm-up step) and returns its seconds."""
     import torch
 
     tokens = torch.tensor(batch.tokens.astype(np.int64))
@@ -133,13 +157,13 @@ def _time_torch(model, batch: TokenBatch, iters: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    step()  # warm-up
-    times = []
-    for _ in range(iters):
+    def run():
         t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        return time.perf_counter() - t0
+
+    step()  # warm-up
+    return run
 
 
 def bench_gpu(args):
@@ -181,7 +205,7 @@ def main():
         args.batch, args.length, args.iters = args.batch or 16, args.length or 2048, args.iters or 10
         bench_gpu(args)
     else:
-        args.batch, args.length, args.iters = args.batch or 8, args.length or 128, args.iters or 5
+        args.batch, args.length, args.iters = args.batch or 8, args.length or 128, args.iters or 15
         bench_cpu(args)
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx, struct
 
 from strata_jax.models.config import ModelConfig
+from strata_jax.models.linear import linear
 
 _MASK_VALUE = -1e30  # finite: a fully masked (padding) query row gives a uniform softmax, not NaN
 
@@ -99,9 +100,8 @@ class Dense(nnx.Module):
         self.bias = _param(jnp.zeros(out_shape, cfg.params_dtype), out_axes) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        k = self.kernel[...].astype(self.dtype)
-        y = jax.lax.dot_general(x.astype(self.dtype), k,
-                                ((tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))), ((), ())))
+        # linear: dot_general with a kernel gradient XLA:CPU runs without transposing dy.
+        y = linear(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.n_in)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
