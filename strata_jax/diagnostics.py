@@ -33,8 +33,8 @@ def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> t
     Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
     the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
     Steps without an anchor or action id (negative) are left out. Which keys are shared comes from
-    ids only; per grid point only sign flags are reduced over each key, one scatter-max of
-    contiguous rows of [2G] int8 lanes for the whole grid.
+    ids only; per grid point only signs are reduced over each key: a scatter-max and a scatter-min
+    of contiguous [G] int8 rows for the whole grid.
     """
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
@@ -45,28 +45,39 @@ def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> t
     members = jax.ops.segment_sum(groups.valid.astype(jnp.int32), groups.ids, num_segments=groups.num)
     shared = (members > 0) & (jax.ops.segment_min(traj, groups.ids, num_segments=groups.num)
                               != jax.ops.segment_max(traj, groups.ids, num_segments=groups.num))
-    v = valid[..., None]
-    lanes = jnp.concatenate([v & (step_adv > ADV_TOL), v & (step_adv < -ADV_TOL)], axis=-1)  # [.., 2G]
-    seen = jax.ops.segment_max(lanes.reshape(groups.num, -1).astype(jnp.int8), groups.ids,
-                               num_segments=groups.num)  # [keys, 2G]
+    # Per grid point only the signs are reduced over each key: a key has both when the max of
+    # its signs is 1 and the min is -1. Steps without a valid key (padding too) share one id,
+    # never `shared`, so whatever they hold counts for nothing.
     g = step_adv.shape[-1]
-    both = ((seen[:, :g] > 0) & (seen[:, g:] > 0) & shared[:, None]).sum(0)  # [G]
+    sign = ((step_adv > ADV_TOL).astype(jnp.int8) - (step_adv < -ADV_TOL).astype(jnp.int8)).reshape(-1, g)
+    hi = jax.ops.segment_max(sign, groups.ids, num_segments=groups.num)  # [keys, G]
+    lo = jax.ops.segment_min(sign, groups.ids, num_segments=groups.num)
+    both = ((hi > 0) & (lo < 0) & shared[:, None]).sum(0)  # [G]
     n_keys = shared.sum()
     return _ratio(both, n_keys), n_keys
 
 
 def advantage_diagnostics(batch: TrajectoryBatch, step_adv: jax.Array) -> dict[str, jax.Array]:
-    """The diagnostics that read advantages, grid-last: step_adv [P, N, M, H, G] -> {name: [G]}."""
-    sm = batch.step_mask[..., None]
-    a = jnp.where(sm, step_adv, 0.0)
-    axes = (0, 1, 2, 3)
-    n_steps = batch.step_mask.sum()
-    esu = _ratio((sm & (jnp.abs(a) > ADV_TOL)).sum(axes), n_steps)
-    ms = (batch.milestone & batch.step_mask)[..., None]
-    other = (batch.step_mask & ~batch.milestone)[..., None]
-    ms_mean = _ratio(jnp.abs(a).sum(axes, where=ms), ms.sum())
-    other_mean = _ratio(jnp.abs(a).sum(axes, where=other), other.sum())
-    car, car_keys = contradictory_action_ratio(batch, a)
+    """The diagnostics that read advantages, grid-last: step_adv [P, N, M, H, G] -> {name: [G]}.
+
+    The masked sums over steps are matmuls ([1 or 2, T] step masks x [T, G] values), which XLA:CPU
+    runs from two materialised [T, G] arrays instead of one masked copy per sum.
+    """
+    sm = batch.step_mask
+    t, g = sm.size, step_adv.shape[-1]
+    # Padded steps may hold anything, even NaN: masked out of |A| (a 0 weight would not stop a NaN
+    # in the matmul), of the count by their weight, and of CAR by their invalid key.
+    absa = jnp.where(sm[..., None], jnp.abs(step_adv), 0.0).reshape(t, g)
+    ms = batch.milestone & sm
+    other = sm & ~batch.milestone
+    hp = jax.lax.Precision.HIGHEST
+    counts = jnp.dot(sm.reshape(1, t).astype(jnp.float32), (absa > ADV_TOL).astype(jnp.float32), precision=hp)[0]
+    abs_sums = jnp.dot(jnp.stack([ms, other]).reshape(2, t).astype(jnp.float32), absa, precision=hp)  # [2, G]
+    n_steps = sm.sum()
+    esu = _ratio(counts, n_steps)
+    ms_mean = _ratio(abs_sums[0], ms.sum())
+    other_mean = _ratio(abs_sums[1], other.sum())
+    car, car_keys = contradictory_action_ratio(batch, step_adv)
     return {"esu": esu, "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0), "car": car,
             "car_keys": jnp.broadcast_to(car_keys.astype(jnp.int32), esu.shape), "ccr": _ratio(ms_mean, other_mean)}
 
