@@ -125,7 +125,7 @@ def test_gigpo_step_rewards_and_returns():
     b = TrajectoryBatch.from_numpy(**_gigpo_case())
     r = np.asarray(step_rewards(b))
     np.testing.assert_allclose(r[0, 0], [[0, 2, 10], [1, 0, 0]])  # rest of R(tau) on the last step
-    ret = np.moveaxis(np.asarray(discounted_returns(np.moveaxis(step_rewards(b), -1, 0), jnp.float32(0.5))), 0, -1)
+    ret = np.asarray(discounted_returns(step_rewards(b), jnp.float32(0.5)))[..., 0]  # grid-last, G = 1
     np.testing.assert_allclose(ret[0, 0], [[3.5, 7, 10], [1, 0, 0]])
 
 

@@ -27,22 +27,26 @@ def step_rewards(batch: TrajectoryBatch) -> jax.Array:
 
 
 def discounted_returns(r: jax.Array, gamma: jax.Array) -> jax.Array:
-    """R_t = sum_{k >= t} gamma^{k-t} r_k along the LEADING axis (time) -> [H, ...] f32.
+    """R_t = sum_{k >= t} gamma^{k-t} r_k along the time axis -> [..., H, G] f32.
 
-    r: [H, ...] with 0 on padded steps (so they add nothing); gamma: traced, broadcastable against
-    one time slice of r (a scalar, or a [G] grid along a trailing axis). A reverse scan,
-    R_t = r_t + gamma R_{t+1}: H multiply-adds per element, where the [H, H] discount matmul it
-    replaces cost H per element and, batched over a grid, ran at a fraction of the matmul rate.
+    r: [..., H] with 0 on padded steps (so they add nothing); gamma: traced [G] (grid-last; a
+    scalar is a grid of one). A loop back over t, R_t = r_t + gamma R_{t+1}, writing each [.., G]
+    slice in place: H multiply-adds per element, where the [H, H] discount matmul it replaces cost
+    H per element and, batched over a grid, ran at a fraction of the matmul rate.
     """
     r = r.astype(jnp.float32)
-    gamma = jnp.asarray(gamma, jnp.float32)
+    gamma = jnp.atleast_1d(jnp.asarray(gamma, jnp.float32))
+    h = r.shape[-1]
 
-    def back(later, r_t):
-        now = r_t + gamma * later
-        return now, now
+    def back(i, carry):
+        out, later = carry
+        t = h - 1 - i
+        now = jax.lax.dynamic_index_in_dim(r, t, axis=-1, keepdims=False)[..., None] + gamma * later
+        return jax.lax.dynamic_update_index_in_dim(out, now, t, axis=r.ndim - 1), now
 
-    init = jnp.zeros(jnp.broadcast_shapes(r.shape[1:], gamma.shape), jnp.float32)
-    return jax.lax.scan(back, init, r, reverse=True)[1]
+    later = jnp.zeros(r.shape[:-1] + gamma.shape, jnp.float32)
+    out = jnp.zeros(r.shape + gamma.shape, jnp.float32)
+    return jax.lax.fori_loop(0, h, back, (out, later))[0]
 
 
 def anchor_step_advantage(batch: TrajectoryBatch, gamma: jax.Array, mode: str) -> jax.Array:
@@ -50,16 +54,13 @@ def anchor_step_advantage(batch: TrajectoryBatch, gamma: jax.Array, mode: str) -
 
     Steps with a negative anchor id ("no id") form no group and get 0, like singletons. The
     groups come from ids only (built once for a whole grid); each group sum is a scatter of
-    contiguous [G] rows. Steps are time-major ([H, P, N, M]) inside, so that the returns are a
-    scan over the leading axis; moving time back is a permutation of whole [G] rows.
+    contiguous [G] rows.
     """
     check_mode(mode)
-    tm = lambda x: jnp.moveaxis(x, 3, 0)  # noqa: E731  [P, N, M, H, ...] -> [H, P, N, M, ...]
-    valid = tm(batch.step_mask & (batch.anchor_id >= 0))
-    groups = group_by((tm(index_grid(batch.shape, 0)), tm(batch.anchor_id)), valid, (batch.shape[0], None))
-    returns = discounted_returns(tm(step_rewards(batch))[..., None], gamma)  # [H, P, N, M, G]
-    a_s = normalize_rows(returns.reshape(groups.num, -1), groups, mode).reshape(returns.shape)
-    return jnp.moveaxis(a_s, 0, 3)
+    valid = batch.step_mask & (batch.anchor_id >= 0)
+    groups = group_by((index_grid(batch.shape, 0), batch.anchor_id), valid, (batch.shape[0], None))
+    returns = discounted_returns(step_rewards(batch), gamma)  # [P, N, M, H, G]
+    return normalize_rows(returns.reshape(groups.num, -1), groups, mode).reshape(returns.shape)
 
 
 def gigpo_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
