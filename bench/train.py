@@ -6,7 +6,12 @@ chunked log-probs, PPO loss, backward, clip + AdamW) vs the same weights in tran
 each on one pinned core, same batch and length, steps interleaved. Prints tokens/s of both and
 the ratio ours / torch.
 
-    python bench/train.py [--batch 8] [--length 128] [--iters 15]
+    python bench/train.py [--batch 8] [--length 128] [--iters 15] [--default-malloc]
+
+Both sides run in a process whose freed heap memory is kept (rollout/cpu_memory.py): XLA:CPU frees
+its per-call buffers and a fresh mapping costs ~4 us per 4 KB page here; --default-malloc leaves
+glibc as it is. Our step computes the log-probs of the response window only, as the trainer does
+(`logprob_window` = the response length); torch computes all positions, as HF training does.
 
 --gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
 bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
@@ -19,7 +24,16 @@ peak = 989e12 (H200 dense bf16) per device.
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 GPU = "--gpu" in sys.argv and "--smoke" not in sys.argv
+# Before jax and torch start their threads (see rollout/cpu_memory.py); --default-malloc skips it.
+if not GPU and "--default-malloc" not in sys.argv:
+    from rollout.cpu_memory import keep_freed_memory  # noqa: E402
+
+    MALLOC = "glibc, freed memory kept (rollout/cpu_memory.py)" if keep_freed_memory() else "default (not glibc)"
+else:
+    MALLOC = "default"
 if not GPU:
     # Like for like with torch.set_num_threads(1): the process is pinned to one core before jax and
     # torch start (every thread of both shares it, as in bench/sampler.py), XLA without its Eigen
@@ -32,8 +46,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -94,11 +106,11 @@ def _jax_runner(step, state, batch):
     return run
 
 
-def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192):
+def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192, window=None):
     opt = T.make_optimizer(dict(lr=lr))
     state = T.init_train_state(graphdef, params, opt, 0, mesh, sh.DEFAULT_RULES)
     return T.make_train_step(graphdef, opt, LossConfig(track_entropy=False), mesh, sh.DEFAULT_RULES, 1,
-                             logprob_chunk=chunk), state
+                             logprob_chunk=chunk, logprob_window=window), state
 
 
 def bench_cpu(args):
@@ -117,7 +129,8 @@ def bench_cpu(args):
     batch = make_batch(b, t, cfg.vocab_size)
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    step, state = _jax_step(graphdef, params, mesh)
+    # The loss covers the second half of every row (make_batch): the trainer's window.
+    step, state = _jax_step(graphdef, params, mesh, window=t - t // 2)
     ours_run, theirs_run = _jax_runner(step, state, batch), _torch_runner(ref, batch)
     # Interleaved rounds (one step each, in turn), so that load drift on a shared machine hits
     # both sides alike; the median of each side.
@@ -128,7 +141,7 @@ def bench_cpu(args):
     ours, theirs = float(np.median(ours)), float(np.median(theirs))
     print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
           f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
-          f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f})")
+          f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
 
 
 def _torch_runner(model, batch: TokenBatch):
@@ -198,6 +211,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="with --gpu: tiny shape on any backend")
     ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-prob head")
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="CPU: leave glibc malloc as it is (default: keep freed memory, rollout/cpu_memory.py)")
     args = ap.parse_args()
     if args.smoke and not args.gpu:
         ap.error("--smoke goes with --gpu")

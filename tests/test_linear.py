@@ -30,3 +30,4 @@ def test_linear_matches_dot_general(x_shape, w_shape, n_in):
     np.testing.assert_allclose(gx, rx, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gw, rw, rtol=1e-5, atol=1e-5)
     assert gw.shape == w.shape and gx.shape == x.shape
+

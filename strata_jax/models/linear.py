@@ -7,17 +7,14 @@ so XLA:CPU materialises dy transposed, fused with the elementwise ops that produ
 backward, the softmax backward of the vocabulary head), and runs that fusion element by element
 in transposed order: 18 ms for one [1024, 512] SiLU gradient of the tiny model, more than all of
 that layer's matmuls. Here the kernel gradient is dot(x, dy): x is the layer input, a buffer the
-forward already wrote, and the transpose XLA inserts for it is a plain copy (or dy's, when dy is
-the narrower of the two).
+forward already wrote, and the transpose XLA inserts for it is a plain copy.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
-import jax.numpy as jnp
 
 
 def _dims(x_ndim: int, n_in: int) -> tuple:
@@ -41,16 +38,10 @@ def _linear_bwd(n_in, res, dy):
     # dx [..., *in]: contract dy's out axes with w's out axes (dy stays the left operand, its
     # contracting axes last: no transpose).
     dx = jax.lax.dot_general(dy, w, ((tuple(range(lead, dy.ndim)), tuple(range(n_in, w.ndim))), ((), ())))
-    # dw [*in, *out]: XLA transposes the left operand. x there (see the module docstring), unless
-    # dy is at most half as wide (a down projection): transposing dy then moves fewer bytes and dy
-    # there is a sum of residual-stream gradients, with no transcendental to redo element-wise.
-    batch = (tuple(range(lead)), tuple(range(lead)))
-    if 2 * math.prod(dy.shape[lead:]) <= math.prod(x.shape[lead:]):
-        dw_t = jax.lax.dot_general(dy, x, (batch, ((), ())))  # [*out, *in]
-        n_out = dy.ndim - lead
-        dw = jnp.transpose(dw_t, tuple(range(n_out, n_out + n_in)) + tuple(range(n_out)))
-    else:
-        dw = jax.lax.dot_general(x, dy, (batch, ((), ())))
+    # dw [*in, *out]: x on the left (see the module docstring). (dy on the left when it is the
+    # narrower, for a down projection, measured slower: XLA then folds the transposes into a dot
+    # form its fast matmul path does not take.)
+    dw = jax.lax.dot_general(x, dy, ((tuple(range(lead)), tuple(range(lead))), ((), ())))
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 

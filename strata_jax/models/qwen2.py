@@ -68,6 +68,20 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array,
     return jnp.cos(emb), jnp.sin(emb)
 
 
+def _rope_buffers(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """rope_cos_sin, computed once into buffers of their own.
+
+    Left to itself XLA:CPU recomputes cos and sin inside every fusion that reads them: q and k of
+    every layer, forward and backward (16 times in a 4-layer train step). A conditional's results
+    are buffers (XLA drops optimization_barrier before fusion, and merges a cond whose branches
+    are equal), so they come from a cond whose predicate, (p | 1) != 0, holds for every integer p;
+    the zero branch is never taken.
+    """
+    pred = jnp.all((positions.astype(jnp.int32) | 1) != 0)
+    zeros = lambda p: tuple(jnp.zeros(p.shape + (inv_freq.shape[0] * 2,), jnp.float32) for _ in range(2))  # noqa: E731
+    return jax.lax.cond(pred, lambda p: rope_cos_sin(p, inv_freq), zeros, positions)
+
+
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """x [B, T, N, Dh] rotated by position (rotate-half layout, as in HF Qwen2/Llama)."""
     half = x.shape[-1] // 2
@@ -333,7 +347,7 @@ class Decoder(nnx.Module):
         cfg = self.cfg
         _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index)
         x = _constrain_batch(self.embed_tokens(tokens))  # [B, T, D]
-        cos, sin = rope_cos_sin(positions, rope_inv_freq(cfg))  # [B, T, Dh]
+        cos, sin = _rope_buffers(positions, rope_inv_freq(cfg))  # [B, T, Dh]
         mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
         ks = cache.k if cache is not None else None
         vs = cache.v if cache is not None else None
