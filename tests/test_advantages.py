@@ -364,6 +364,21 @@ def test_vmap_grid_equals_loop(algo):
         np.testing.assert_allclose(np.asarray(out.strategy[i]), np.asarray(one.strategy), rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("algo", ["gigpo", "strata+beacon"])
+def test_vmap_over_batches_and_params_equals_loop(algo):
+    """A vmap over (batch, params) together (rollout/population.py) takes the grid-last kernels'
+    plain-vmap fallback: each copy equals its own call."""
+    rng = np.random.default_rng(13)
+    batches = [TrajectoryBatch.from_numpy(**random_batch(rng, 2, 2, 3, 5)) for _ in range(3)]
+    grid = _grid(3)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+    out = jax.vmap(compute_advantages, in_axes=(0, 0, None))(stacked, stack_params(grid), algo)
+    for i, (b, p) in enumerate(zip(batches, grid)):
+        one = compute_advantages(b, p, algo)
+        np.testing.assert_allclose(np.asarray(out.step[i]), np.asarray(one.step), rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(out.strategy[i]), np.asarray(one.strategy), rtol=2e-6, atol=1e-6)
+
+
 def test_no_retrace_per_value():
     b = TrajectoryBatch.from_numpy(**random_batch(np.random.default_rng(12), 2, 2, 3, 4))
     traces = {"one": 0, "grid": 0}

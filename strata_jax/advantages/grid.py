@@ -47,9 +47,10 @@ def grid_last(kernel: Callable[[Any, Any], Any], busy: Callable[[Any], jax.Array
     def _rule(axis_size, in_batched, per_point, shared):
         point_b, shared_b = in_batched
         if any(jax.tree.leaves(shared_b)):  # the grouping varies too: nothing to share
-            axes = (jax.tree.map(lambda b: 0 if b else None, point_b),
-                    jax.tree.map(lambda b: 0 if b else None, shared_b))
-            out = jax.vmap(one_point, in_axes=axes)(per_point, shared)
+            # in_axes per leaf: the flags' own pytree would rebuild the args' classes from bools.
+            leaves, treedef = jax.tree.flatten((per_point, shared))
+            axes = [0 if b else None for b in jax.tree.leaves(in_batched)]
+            out = jax.vmap(lambda *xs: one_point(*jax.tree.unflatten(treedef, xs)), in_axes=axes)(*leaves)
             return out, jax.tree.map(lambda _: True, out)
         per_point = jax.tree.map(lambda x, b: jnp.moveaxis(x, 0, -1) if b else jnp.asarray(x)[..., None],
                                  per_point, point_b)
