@@ -5,7 +5,7 @@
 At P=16, N=4, M=8, H=50 on one random batch: (1) one jitted call computing all five algorithms
 plus diagnostics, against tests/advantage_reference.py (all five algorithms plus its ESU/CAR/CCR)
 on the same inputs in the same process; (2) a 64-point vmap grid of AdvantageParams against one
-point. Prints one line per figure, then the load average.
+point (each line also gives the two times). Prints one line per figure, then the load average.
 
 The process keeps its freed heap memory (rollout/cpu_memory.py): XLA:CPU frees each call's
 temporary buffers (a 64-point grid's are ~100x one point's) and a fresh mapping costs ~4 us per
@@ -115,7 +115,8 @@ def main():
         jax.block_until_ready((f1(batch, params), fg(batch, grid)))
         bt = best_times({"one": lambda: f1(batch, params), "grid": lambda: fg(batch, grid)}, 10)
         goal = " (goal <= 8x)" if name.startswith("5") else ""
-        print(f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}")
+        print(f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}"
+              f"  ({bt['one'] * 1e3:.2f} ms / {bt['grid'] * 1e3:.2f} ms)")
     print(f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC}")
 
 

@@ -6,12 +6,13 @@ chunked log-probs, PPO loss, backward, clip + AdamW) vs the same weights in tran
 each on one pinned core, same batch and length, steps interleaved. Prints tokens/s of both and
 the ratio ours / torch.
 
-    python bench/train.py [--batch 8] [--length 128] [--iters 15] [--default-malloc]
+    python bench/train.py [--batch 8] [--length 128] [--iters 15] [--all-positions] [--default-malloc]
 
 Both sides run in a process whose freed heap memory is kept (rollout/cpu_memory.py): XLA:CPU frees
 its per-call buffers and a fresh mapping costs ~4 us per 4 KB page here; --default-malloc leaves
-glibc as it is. Our step computes the log-probs of the response window only, as the trainer does
-(`logprob_window` = the response length); torch computes all positions, as HF training does.
+glibc as it is. Both sides compute the log-probs of the response window only, as the trainer does
+(ours: `logprob_window` = the response length; torch: `logits_to_keep`); --all-positions computes
+every position on both sides.
 
 --gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
 bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
@@ -129,9 +130,10 @@ def bench_cpu(args):
     batch = make_batch(b, t, cfg.vocab_size)
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    # The loss covers the second half of every row (make_batch): the trainer's window.
-    step, state = _jax_step(graphdef, params, mesh, window=t - t // 2)
-    ours_run, theirs_run = _jax_runner(step, state, batch), _torch_runner(ref, batch)
+    # The loss covers the second half of every row (make_batch): the trainer's window, on both sides.
+    window = None if args.all_positions else t - t // 2
+    step, state = _jax_step(graphdef, params, mesh, window=window)
+    ours_run, theirs_run = _jax_runner(step, state, batch), _torch_runner(ref, batch, window)
     # Interleaved rounds (one step each, in turn), so that load drift on a shared machine hits
     # both sides alike; the median of each side.
     ours, theirs = [], []
@@ -141,25 +143,33 @@ def bench_cpu(args):
     ours, theirs = float(np.median(ours)), float(np.median(theirs))
     print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
           f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
-          f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
+          f"(median of {args.iters} interleaved steps; log-probs of {'all positions' if window is None else 'the window'}; "
+          f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
 
 
-def _torch_runner(model, batch: TokenBatch):
+def _torch_runner(model, batch: TokenBatch, window: int | None):
     """The same update in PyTorch: PPO clip (0.2, dual clip 3) + k3 KL, token mean, clip 1.0, AdamW.
-    Returns a function that runs one step (after a warm-up step) and returns its seconds."""
+    With `window`, the logits of the last window + 1 positions only (the targets of the last window
+    tokens), as our step's logprob_window. Returns a function that runs one step (after a warm-up
+    step) and returns its seconds."""
     import torch
 
     tokens = torch.tensor(batch.tokens.astype(np.int64))
     mask = torch.tensor(batch.attention_mask.astype(np.int64))
     pos = torch.tensor(np.maximum(np.cumsum(batch.attention_mask, 1) - 1, 0).astype(np.int64))
-    lm = torch.tensor(batch.loss_mask[:, 1:].astype(np.float32))
-    old, ref_lp, adv = (torch.tensor(x[:, 1:]) for x in (batch.old_logp, batch.ref_logp, batch.advantage))
+    first = 1 if window is None else batch.tokens.shape[1] - window  # first target position
+    if batch.loss_mask[:, :first].any():
+        raise ValueError(f"the loss mask reaches before the window ({window} positions)")
+    lm = torch.tensor(batch.loss_mask[:, first:].astype(np.float32))
+    old, ref_lp, adv = (torch.tensor(x[:, first:]) for x in (batch.old_logp, batch.ref_logp, batch.advantage))
+    keep = batch.tokens.shape[1] - first + 1  # logits at positions first-1 .. t-1
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     model.train()
 
     def step():
-        logits = model(input_ids=tokens, attention_mask=mask, position_ids=pos).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=pos,
+                       logits_to_keep=keep).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, first:, None]).squeeze(-1)
         ratio = torch.exp(torch.clamp(logp - old, -20, 20))
         pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2))
         pg = torch.where(adv < 0, torch.minimum(pg, -3.0 * adv), pg)
@@ -211,6 +221,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="with --gpu: tiny shape on any backend")
     ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-prob head")
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
+    ap.add_argument("--all-positions", action="store_true",
+                    help="CPU: log-probs of every position on both sides (default: the response window)")
     ap.add_argument("--default-malloc", action="store_true",
                     help="CPU: leave glibc malloc as it is (default: keep freed memory, rollout/cpu_memory.py)")
     args = ap.parse_args()
