@@ -69,17 +69,22 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array,
 
 
 def _rope_buffers(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """rope_cos_sin, computed once into buffers of their own.
+    """rope_cos_sin, computed once into buffers of their own (on CPU; plain elsewhere).
 
     Left to itself XLA:CPU recomputes cos and sin inside every fusion that reads them: q and k of
     every layer, forward and backward (16 times in a 4-layer train step). A conditional's results
     are buffers (XLA drops optimization_barrier before fusion, and merges a cond whose branches
     are equal), so they come from a cond whose predicate, (p | 1) != 0, holds for every integer p;
-    the zero branch is never taken.
+    the zero branch is never taken. Only on CPU: a GPU conditional reads its predicate on the
+    host, a sync in every decode step, for a recompute that costs a GPU little.
     """
-    pred = jnp.all((positions.astype(jnp.int32) | 1) != 0)
-    zeros = lambda p: tuple(jnp.zeros(p.shape + (inv_freq.shape[0] * 2,), jnp.float32) for _ in range(2))  # noqa: E731
-    return jax.lax.cond(pred, lambda p: rope_cos_sin(p, inv_freq), zeros, positions)
+
+    def cpu(p):
+        pred = jnp.all((p.astype(jnp.int32) | 1) != 0)
+        zeros = lambda p: tuple(jnp.zeros(p.shape + (inv_freq.shape[0] * 2,), jnp.float32) for _ in range(2))  # noqa: E731
+        return jax.lax.cond(pred, lambda p: rope_cos_sin(p, inv_freq), zeros, p)
+
+    return jax.lax.platform_dependent(positions, cpu=cpu, default=lambda p: rope_cos_sin(p, inv_freq))
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
