@@ -143,7 +143,8 @@ def bench_cpu(args):
     ours, theirs = float(np.median(ours)), float(np.median(theirs))
     print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
           f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
-          f"(median of {args.iters} interleaved steps; log-probs of {'all positions' if window is None else 'the window'}; "
+          f"(median of {args.iters} interleaved steps; "
+          f"log-probs of {'all positions' if window is None else 'the window'}; "
           f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
 
 

@@ -81,7 +81,8 @@ def _rope_buffers(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array
 
     def cpu(p):
         pred = jnp.all((p.astype(jnp.int32) | 1) != 0)
-        zeros = lambda p: tuple(jnp.zeros(p.shape + (inv_freq.shape[0] * 2,), jnp.float32) for _ in range(2))  # noqa: E731
+        shape = p.shape + (inv_freq.shape[0] * 2,)
+        zeros = lambda p: (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))  # noqa: E731
         return jax.lax.cond(pred, lambda p: rope_cos_sin(p, inv_freq), zeros, p)
 
     return jax.lax.platform_dependent(positions, cpu=cpu, default=lambda p: rope_cos_sin(p, inv_freq))
