@@ -1,23 +1,36 @@
 """Advantage + diagnostics throughput: one jitted call vs. the slow numpy reference, and vmap cost.
 
-    python bench/advantages.py
+    python bench/advantages.py [--default-malloc]
 
 At P=16, N=4, M=8, H=50 on one random batch: (1) one jitted call computing all five algorithms
 plus diagnostics, against tests/advantage_reference.py (all five algorithms plus its ESU/CAR/CCR)
 on the same inputs in the same process; (2) a 64-point vmap grid of AdvantageParams against one
-point. Prints one line per figure.
+point (each line also gives the two times). Prints one line per figure, then the load average.
+
+The process keeps its freed heap memory (rollout/cpu_memory.py): XLA:CPU frees each call's
+temporary buffers (a 64-point grid's are ~100x one point's) and a fresh mapping costs ~4 us per
+4 KB page on the development VM. --default-malloc leaves glibc as it is.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 import time
 
-import jax
-import numpy as np
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+# Before jax starts its threads (see rollout/cpu_memory.py).
+if "--default-malloc" in sys.argv:
+    MALLOC = "default"
+else:
+    from rollout.cpu_memory import keep_freed_memory  # noqa: E402
+
+    MALLOC = "glibc, freed memory kept" if keep_freed_memory() else "default (not glibc)"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from strata_jax.advantages import ALGOS, AdvantageParams, compute_advantages, stack_params  # noqa: E402
 from strata_jax.batch import TrajectoryBatch  # noqa: E402
@@ -84,8 +97,8 @@ def main():
         np.testing.assert_allclose(np.asarray(res[a][0].step), ref[a][0], atol=1e-4, err_msg=a)
         np.testing.assert_allclose(np.asarray(res[a][0].strategy), ref[a][1], atol=1e-4, err_msg=a)
         np.testing.assert_allclose(float(res[a][1]["car"]), ref[a][2][2], atol=1e-6, err_msg=a)
-    t = best_times({"ref": reference, "jit": lambda: one(batch, params)}, 2)
-    t.update(best_times({"jit": lambda: one(batch, params)}, 20))
+    t = best_times({"ref": reference, "jit": lambda: one(batch, params)}, 3)
+    t.update(best_times({"jit": lambda: one(batch, params)}, 30))
 
     vals = np.linspace(0.05, 0.95, GRID)
     grid = stack_params([params.replace(delta=float(v), kappa=float(v) / 5, gamma=float(v), omega=float(v),
@@ -100,9 +113,11 @@ def main():
     for name, fn in cases:
         f1, fg = jax.jit(fn), jax.jit(jax.vmap(fn, in_axes=(None, 0)))
         jax.block_until_ready((f1(batch, params), fg(batch, grid)))
-        bt = best_times({"one": lambda: f1(batch, params), "grid": lambda: fg(batch, grid)}, 5)
+        bt = best_times({"one": lambda: f1(batch, params), "grid": lambda: fg(batch, grid)}, 10)
         goal = " (goal <= 8x)" if name.startswith("5") else ""
-        print(f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}")
+        print(f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}"
+              f"  ({bt['one'] * 1e3:.2f} ms / {bt['grid'] * 1e3:.2f} ms)")
+    print(f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC}")
 
 
 if __name__ == "__main__":

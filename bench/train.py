@@ -3,9 +3,16 @@
 Default (CPU): the tiny default model (strata_jax.models.tiny), our jitted train step (forward,
 chunked log-probs, PPO loss, backward, clip + AdamW) vs the same weights in transformers PyTorch
 (forward, log-softmax gather, the same PPO-clip loss, backward, clip + AdamW), one CPU thread
-each, same batch and length. Prints tokens/s of both and the ratio ours / torch.
+each on one pinned core, same batch and length, steps interleaved. Prints tokens/s of both and
+the ratio ours / torch.
 
-    python bench/train.py [--batch 8] [--length 128] [--iters 5]
+    python bench/train.py [--batch 8] [--length 128] [--iters 15] [--all-positions] [--default-malloc]
+
+Both sides run in a process whose freed heap memory is kept (rollout/cpu_memory.py): XLA:CPU frees
+its per-call buffers and a fresh mapping costs ~4 us per 4 KB page here; --default-malloc leaves
+glibc as it is. Both sides compute the log-probs of the response window only, as the trainer does
+(ours: `logprob_window` = the response length; torch: `logits_to_keep`); --all-positions computes
+every position on both sides.
 
 --gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
 bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
@@ -18,8 +25,21 @@ peak = 989e12 (H200 dense bf16) per device.
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 GPU = "--gpu" in sys.argv and "--smoke" not in sys.argv
-if not GPU:  # one XLA thread, so the comparison with torch.set_num_threads(1) is like for like
+# Before jax and torch start their threads (see rollout/cpu_memory.py); --default-malloc skips it.
+if not GPU and "--default-malloc" not in sys.argv:
+    from rollout.cpu_memory import keep_freed_memory  # noqa: E402
+
+    MALLOC = "glibc, freed memory kept (rollout/cpu_memory.py)" if keep_freed_memory() else "default (not glibc)"
+else:
+    MALLOC = "default"
+if not GPU:
+    # Like for like with torch.set_num_threads(1): the process is pinned to one core before jax and
+    # torch start (every thread of both shares it, as in bench/sampler.py), XLA without its Eigen
+    # pool and with one intra-op thread.
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -27,8 +47,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -65,24 +83,35 @@ def make_batch(b: int, t: int, vocab: int, seed: int = 0) -> TokenBatch:
 
 def _time_steps(step, state, batch, iters):
     """Median seconds per step after one warm-up (compile) step; the state is threaded through."""
-    state, m = step(state, batch, 1.0)
-    jax.block_until_ready(m)
+    run = _jax_runner(step, state, batch)
     times = []
     for _ in range(iters):
+        times.append(run())
+    return float(np.median(times)), run
+
+
+def _jax_runner(step, state, batch):
+    """A function that runs one step (after a warm-up / compile step) and returns its seconds."""
+    holder = {"state": state}
+
+    def run():
         t0 = time.perf_counter()
-        state, m = step(state, batch, 1.0)
-        jax.block_until_ready((state.step, m))
-        times.append(time.perf_counter() - t0)
-    if not np.isfinite(float(m["loss"])):
-        raise RuntimeError(f"benchmark produced a non-finite loss: {m}")
-    return float(np.median(times)), state
+        holder["state"], m = step(holder["state"], batch, 1.0)
+        jax.block_until_ready((holder["state"].step, m))
+        dt = time.perf_counter() - t0
+        if not np.isfinite(float(m["loss"])):
+            raise RuntimeError(f"benchmark produced a non-finite loss: {m}")
+        return dt
+
+    run()
+    return run
 
 
-def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192):
+def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192, window=None):
     opt = T.make_optimizer(dict(lr=lr))
     state = T.init_train_state(graphdef, params, opt, 0, mesh, sh.DEFAULT_RULES)
     return T.make_train_step(graphdef, opt, LossConfig(track_entropy=False), mesh, sh.DEFAULT_RULES, 1,
-                             logprob_chunk=chunk), state
+                             logprob_chunk=chunk, logprob_window=window), state
 
 
 def bench_cpu(args):
@@ -101,28 +130,47 @@ def bench_cpu(args):
     batch = make_batch(b, t, cfg.vocab_size)
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    step, state = _jax_step(graphdef, params, mesh)
-    ours, _ = _time_steps(step, state, batch, args.iters)
-    theirs = _time_torch(ref, batch, args.iters)
+    # The loss covers the second half of every row (make_batch): the trainer's window, on both sides.
+    window = None if args.all_positions else t - t // 2
+    step, state = _jax_step(graphdef, params, mesh, window=window)
+    ours_run, theirs_run = _jax_runner(step, state, batch), _torch_runner(ref, batch, window)
+    # Interleaved rounds (one step each, in turn), so that load drift on a shared machine hits
+    # both sides alike; the median of each side.
+    ours, theirs = [], []
+    for _ in range(args.iters):
+        ours.append(ours_run())
+        theirs.append(theirs_run())
+    ours, theirs = float(np.median(ours)), float(np.median(theirs))
     print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
-          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f}")
+          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
+          f"(median of {args.iters} interleaved steps; "
+          f"log-probs of {'all positions' if window is None else 'the window'}; "
+          f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
 
 
-def _time_torch(model, batch: TokenBatch, iters: int) -> float:
-    """The same update in PyTorch: PPO clip (0.2, dual clip 3) + k3 KL, token mean, clip 1.0, AdamW."""
+def _torch_runner(model, batch: TokenBatch, window: int | None):
+    """The same update in PyTorch: PPO clip (0.2, dual clip 3) + k3 KL, token mean, clip 1.0, AdamW.
+    With `window`, the logits of the last window + 1 positions only (the targets of the last window
+    tokens), as our step's logprob_window. Returns a function that runs one step (after a warm-up
+    step) and returns its seconds."""
     import torch
 
     tokens = torch.tensor(batch.tokens.astype(np.int64))
     mask = torch.tensor(batch.attention_mask.astype(np.int64))
     pos = torch.tensor(np.maximum(np.cumsum(batch.attention_mask, 1) - 1, 0).astype(np.int64))
-    lm = torch.tensor(batch.loss_mask[:, 1:].astype(np.float32))
-    old, ref_lp, adv = (torch.tensor(x[:, 1:]) for x in (batch.old_logp, batch.ref_logp, batch.advantage))
+    first = 1 if window is None else batch.tokens.shape[1] - window  # first target position
+    if batch.loss_mask[:, :first].any():
+        raise ValueError(f"the loss mask reaches before the window ({window} positions)")
+    lm = torch.tensor(batch.loss_mask[:, first:].astype(np.float32))
+    old, ref_lp, adv = (torch.tensor(x[:, first:]) for x in (batch.old_logp, batch.ref_logp, batch.advantage))
+    keep = batch.tokens.shape[1] - first + 1  # logits at positions first-1 .. t-1
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     model.train()
 
     def step():
-        logits = model(input_ids=tokens, attention_mask=mask, position_ids=pos).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=pos,
+                       logits_to_keep=keep).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, first:, None]).squeeze(-1)
         ratio = torch.exp(torch.clamp(logp - old, -20, 20))
         pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2))
         pg = torch.where(adv < 0, torch.minimum(pg, -3.0 * adv), pg)
@@ -133,13 +181,13 @@ def _time_torch(model, batch: TokenBatch, iters: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    step()  # warm-up
-    times = []
-    for _ in range(iters):
+    def run():
         t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        return time.perf_counter() - t0
+
+    step()  # warm-up
+    return run
 
 
 def bench_gpu(args):
@@ -174,6 +222,10 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="with --gpu: tiny shape on any backend")
     ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-prob head")
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
+    ap.add_argument("--all-positions", action="store_true",
+                    help="CPU: log-probs of every position on both sides (default: the response window)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="CPU: leave glibc malloc as it is (default: keep freed memory, rollout/cpu_memory.py)")
     args = ap.parse_args()
     if args.smoke and not args.gpu:
         ap.error("--smoke goes with --gpu")
@@ -181,7 +233,7 @@ def main():
         args.batch, args.length, args.iters = args.batch or 16, args.length or 2048, args.iters or 10
         bench_gpu(args)
     else:
-        args.batch, args.length, args.iters = args.batch or 8, args.length or 128, args.iters or 5
+        args.batch, args.length, args.iters = args.batch or 8, args.length or 128, args.iters or 15
         bench_cpu(args)
 
 

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.advantages import Advantages
-from strata_jax.advantages.groups import index_grid, run_scan, sort_groups
+from strata_jax.advantages.grid import grid_last
+from strata_jax.advantages.groups import Groups, group_by, index_grid
 from strata_jax.batch import TrajectoryBatch
 from strata_jax.diversity import cosine_distances
 
@@ -26,31 +27,72 @@ def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
     return jnp.where(den > 0, num / jnp.maximum(den, 1e-30), 0.0)
 
 
-def contradictory_action_ratio(batch: TrajectoryBatch, step_adv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """CAR -> (ratio, number of keys).
+def car_keys(batch: TrajectoryBatch) -> tuple[Groups, jax.Array]:
+    """CAR's keys (task, anchor observation, action) from ids only -> (groups, shared [T] bool).
 
-    Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
-    the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
-    Steps without an anchor or action id (negative) are left out. Keys are contiguous runs of a
-    sorted layout (built from ids only); sign flags are OR-ed along each run by a segmented scan.
+    shared[k]: key id k has members, two of them in different trajectories. Steps without an
+    anchor or action id (negative) or padded share one id of their own, never shared.
     """
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
-    keys = (index_grid(shape, 0), batch.anchor_id, batch.action_id)
-    layout = sort_groups(keys, valid, (shape[0], None, None))
+    groups = group_by((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid, (shape[0], None, None))
     traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2]
-            + index_grid(shape, 2)).reshape(-1)  # [T] natural
-    ts = traj[layout.order]  # sorted
-    a = step_adv.reshape(-1)[layout.order]
-    # A key spans two or more trajectories <=> some step of its run has another trajectory than
-    # the run's first step (bit 4); bits 1 / 2: a positive / negative advantage.
-    other = (ts != traj[layout.head]).astype(jnp.int32)
-    sign = jnp.where(a > ADV_TOL, 1, 0) | jnp.where(a < -ADV_TOL, 2, 0)  # [T] bit flags
-    flags = run_scan(other * 4 | sign, layout, jnp.bitwise_or)  # run total at its last position
-    is_last = layout.valid & (jnp.arange(ts.shape[0]) == layout.last)  # one position per key
-    shared = is_last & (flags >= 4)
+            + index_grid(shape, 2)).reshape(-1)  # [T]
+    members = jax.ops.segment_sum(groups.valid.astype(jnp.int32), groups.ids, num_segments=groups.num)
+    shared = (members > 0) & (jax.ops.segment_min(traj, groups.ids, num_segments=groups.num)
+                              != jax.ops.segment_max(traj, groups.ids, num_segments=groups.num))
+    return groups, shared
+
+
+def contradictory_action_ratio(sign: jax.Array, keys: tuple[Groups, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """CAR -> (ratio [G], number of keys), from the advantages' signs [P, N, M, H, G] (int8 in
+    {-1, 0, 1}, 0 where |A| <= ADV_TOL; grid-last) and `car_keys`.
+
+    Keys (task, anchor observation, action) taken in >= 2 distinct trajectories of the task group;
+    the ratio is the share of those keys whose step advantages take both signs (|A| > ADV_TOL).
+    Per grid point only the signs are reduced over each key: a key has both when the max of its
+    signs is 1 and the min is -1 (a scatter-max and a scatter-min of contiguous [G] int8 rows).
+    Steps without a valid key share one id, never shared: whatever they hold counts for nothing.
+    """
+    groups, shared = keys
+    sign = sign.reshape(groups.num, -1)  # [T, G]
+    hi = jax.ops.segment_max(sign, groups.ids, num_segments=groups.num)  # [keys, G]
+    lo = jax.ops.segment_min(sign, groups.ids, num_segments=groups.num)
+    both = ((hi > 0) & (lo < 0) & shared[:, None]).sum(0)  # [G]
     n_keys = shared.sum()
-    return _ratio((shared & ((flags & 3) == 3)).sum(), n_keys), n_keys
+    return _ratio(both, n_keys), n_keys
+
+
+def advantage_diagnostics(batch: TrajectoryBatch, step_adv: jax.Array,
+                          keys: tuple[Groups, jax.Array]) -> dict[str, jax.Array]:
+    """The diagnostics that read advantages, grid-last: step_adv [P, N, M, H, G] -> {name: [G]}.
+
+    keys: `car_keys(batch)`, built outside so that one build serves every call of a program.
+    The masked |A| sums are one [2, T] x [T, G] matmul (milestone / other step masks), which
+    XLA:CPU runs from one materialised |A| instead of one masked copy per sum.
+    """
+    sm = batch.step_mask
+    t, g = sm.size, step_adv.shape[-1]
+    # Padded steps may hold anything, even NaN: masked out of |A| (a 0 weight would not stop a NaN
+    # in the matmul) and of the signs.
+    absa = jnp.where(sm[..., None], jnp.abs(step_adv), 0.0).reshape(t, g)
+    ms = batch.milestone & sm
+    other = sm & ~batch.milestone
+    abs_sums = jnp.dot(jnp.stack([ms, other]).reshape(2, t).astype(jnp.float32), absa,
+                       precision=jax.lax.Precision.HIGHEST)  # [2, G]
+    # int8 signs of the valid steps: CAR's input, and their |.| counts the non-zero advantages.
+    sign = jnp.where(sm[..., None], (step_adv > ADV_TOL).astype(jnp.int8) - (step_adv < -ADV_TOL).astype(jnp.int8), 0)
+    n_steps = sm.sum()
+    esu = _ratio(jnp.abs(sign).reshape(t, g).astype(jnp.int32).sum(0), n_steps)
+    car, n_keys = contradictory_action_ratio(sign, keys)
+    return {"esu": esu, "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0), "car": car,
+            "car_keys": jnp.broadcast_to(n_keys.astype(jnp.int32), esu.shape),
+            "ccr": _ratio(_ratio(abs_sums[0], ms.sum()), _ratio(abs_sums[1], other.sum()))}
+
+
+# Without a valid step every advantage diagnostic is 0, so a grid call may skip the kernel.
+_ADV_DIAGNOSTICS = grid_last(lambda step_adv, shared: advantage_diagnostics(shared[0], step_adv, shared[1]),
+                             lambda shared: shared[0].step_mask.any())
 
 
 def _horizon_buckets(batch: TrajectoryBatch, won_t: jax.Array, tm: jax.Array) -> dict[str, jax.Array]:
@@ -71,27 +113,20 @@ def compute_diagnostics(
     task_type: jax.Array | None = None,  # [P] int in [0, num_task_types), for success by type
     num_task_types: int = 0,
 ) -> dict[str, jax.Array]:
-    """Scalars (and `success_by_type` [num_task_types]) describing one iteration."""
+    """Scalars (and `success_by_type` [num_task_types]) describing one iteration.
+
+    Those that read advantages come from one grid-last kernel (advantages/grid.py): under a vmap
+    over advantages (a hyper-parameter grid) it runs once for the whole grid.
+    """
     sm = batch.step_mask
-    a = jnp.where(sm, adv.step, 0.0)
     n_steps = sm.sum()
     tm = batch.traj_mask.reshape(batch.shape[0], -1).astype(jnp.float32)  # [P, N*M]
     won = (batch.won.reshape(tm.shape) & (tm > 0)).astype(jnp.float32)
     any_ms = (batch.milestone & sm).any(-1).reshape(tm.shape).astype(jnp.float32)
     n_traj = tm.sum()
-    esu = _ratio((sm & (jnp.abs(a) > ADV_TOL)).sum(), n_steps)
-    ms = batch.milestone & sm
-    other = sm & ~batch.milestone
-    ms_mean = _ratio(jnp.abs(a).sum(where=ms), ms.sum())
-    other_mean = _ratio(jnp.abs(a).sum(where=other), other.sum())
-    car, car_keys = contradictory_action_ratio(batch, a)
-    out = {
-        "esu": esu,
-        "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0),
-        "car": car,
-        "car_keys": car_keys.astype(jnp.int32),
-        "ccr": _ratio(ms_mean, other_mean),
-        "milestone_steps": ms.sum().astype(jnp.int32),
+    out = _ADV_DIAGNOSTICS(adv.step, (batch, car_keys(batch)))
+    out.update({
+        "milestone_steps": (batch.milestone & sm).sum().astype(jnp.int32),
         "success": _ratio(won.sum(), n_traj),
         "outcome_full": _ratio(won.sum(), n_traj),
         "outcome_partial": _ratio((any_ms * (1.0 - won) * tm).sum(), n_traj),
@@ -101,7 +136,7 @@ def compute_diagnostics(
         "mean_episode_length": _ratio(n_steps, n_traj),
         "num_trajectories": n_traj.astype(jnp.int32),
         "num_steps": n_steps.astype(jnp.int32),
-    }
+    })
     out.update(_horizon_buckets(batch, won, tm))
     if num_task_types:
         if task_type is None:

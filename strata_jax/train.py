@@ -207,10 +207,6 @@ def _global_norm(tree) -> jax.Array:
     return tree_api.norm(tree) if tree_api is not None and hasattr(tree_api, "norm") else optax.global_norm(tree)
 
 
-def _tree_where(pred, a, b):
-    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
-
-
 def _split_micro(batch: TokenBatch, k: int) -> TokenBatch:
     """[S, ...] -> [k, S / k, ...]; micro-batch j takes rows j, j + k, ... .
 
@@ -332,12 +328,20 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
         metrics = finalize_metrics(m_sum)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
         apply = finite & (count > 0)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+
+        def update(params, opt_state):
+            updates, new_opt = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt
+
+        # A cond, not a where over old and new: the update then writes the donated params and
+        # moments in place, where the select read the old moments after the new ones and XLA
+        # copied every moment first (~2% of the tiny model's CPU step). Under a vmap over copies
+        # (rollout/population.py) the cond becomes that select again.
+        new_params, new_opt = jax.lax.cond(apply, update, lambda p, o: (p, o), state.params, state.opt_state)
         skipped = state.skipped + (~finite).astype(jnp.int32)
         new_state = TrainState(
-            params=jax.lax.with_sharding_constraint(_tree_where(apply, new_params, state.params), p_sh),
-            opt_state=_tree_where(apply, new_opt, state.opt_state),
+            params=jax.lax.with_sharding_constraint(new_params, p_sh),
+            opt_state=new_opt,
             step=state.step + 1,
             rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]),
             skipped=skipped,

@@ -1,11 +1,17 @@
 """Jitted advantage estimators: GRPO, GiGPO, StraTA, BEACON and StraTA+BEACON.
 
-    adv = compute_advantages(batch, AdvantageParams(), "strata")   # Advantages(step, strategy)
+    adv = compute_advantages(batch, AdvantageParams(), "strata")   # Advantages(step, strategy, revision, judge)
     grid = jax.vmap(compute_advantages, in_axes=(None, 0, None))(batch, stacked_params, "gigpo")
 
 Rules shared by every algorithm (ALGORITHMS.md section 0): padded steps get 0; the invalid-action
 penalty is subtracted after normalisation, on the invalid step only; the strategy advantage is 0
 for flat algorithms and for masked strategies.
+
+Grids: the estimators are written grid-last: every traced AdvantageParams field is a [G] vector and
+every result carries a trailing [G] axis (one point: G = 1). `compute_advantages` is one
+grid-last kernel (advantages/grid.py), so a vmap over params runs the estimator ONCE for the whole
+grid, building the groups (anchor states, segments, ranks) once, and only the outputs (step,
+strategy, revision) are transposed to the grid-first layout vmap returns.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from flax import struct
 
 from strata_jax.advantages.beacon import beacon_step_advantage
 from strata_jax.advantages.gigpo import gigpo_step_advantage
+from strata_jax.advantages.grid import grid_last
 from strata_jax.advantages.grpo import grpo_step_advantage
 from strata_jax.advantages.judge import judge_advantage
 from strata_jax.advantages.params import AdvantageParams, stack_params
@@ -55,8 +62,17 @@ def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: st
     """Per-step [P, N, M, H] and per-strategy [P, N] advantages of `algo` (static), and those of
     the strategy revisions [P, N, M, R] (strata modes; 0 for flat ones) and judgments [P, N, M, J]."""
     check_algo(algo, params)
-    strategy = jnp.zeros(batch.strategy_mask.shape, jnp.float32)
-    revision = jnp.zeros(batch.revision_mask.shape, jnp.float32)
+    step, strategy, revision = _KERNELS[algo](params, batch)
+    # The judgments' GRPO reads no AdvantageParams field: outside the grid kernel (one copy per grid).
+    return Advantages(step=step, strategy=strategy, revision=revision, judge=judge_advantage(batch))
+
+
+def grid_advantages(batch: TrajectoryBatch, params: AdvantageParams,
+                    algo: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Grid-last form: params fields [G] -> (step [P, N, M, H, G], strategy [P, N, G],
+    revision [P, N, M, R, G])."""
+    strategy = jnp.zeros(batch.strategy_mask.shape + (1,), jnp.float32)
+    revision = jnp.zeros(batch.revision_mask.shape + (1,), jnp.float32)
     if algo == "grpo":
         step = grpo_step_advantage(batch, params)
     elif algo == "gigpo":
@@ -71,8 +87,7 @@ def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: st
         step = beacon_step_advantage(batch, params, per_strategy=True) + judge_reward(batch, params)
         strategy = strategy_advantage(batch, params)
         revision = revision_advantage(batch, params)
-    return Advantages(step=_finalize(step, batch, params), strategy=strategy, revision=revision,
-                      judge=judge_advantage(batch))
+    return _finalize(step, batch, params), strategy, revision
 
 
 def invalid_penalty(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
@@ -83,6 +98,14 @@ def invalid_penalty(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Arra
 
 
 def _finalize(step: jax.Array, batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
-    """Invalid penalty on invalid steps (after normalisation), 0 on padded steps."""
-    step = step - invalid_penalty(batch, params)
-    return jnp.where(batch.step_mask, step, 0.0).astype(jnp.float32)
+    """Invalid penalty on invalid steps (after normalisation; `invalid_penalty` grid-last), 0 on
+    padded steps. [P, N, M, H, G]."""
+    step = step - params.invalid_penalty * batch.invalid[..., None].astype(jnp.float32)
+    return jnp.where(batch.step_mask[..., None], step, 0.0).astype(jnp.float32)
+
+
+# Without a valid step every advantage is 0 (finalize masks the steps; a strategy or a revision
+# needs a valid trajectory, and traj_mask is "has a valid step"), so a grid call may skip the kernel.
+_KERNELS = {algo: grid_last(lambda params, batch, algo=algo: grid_advantages(batch, params, algo),
+                            lambda batch: batch.step_mask.any())
+            for algo in ALGOS}

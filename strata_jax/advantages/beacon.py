@@ -1,4 +1,7 @@
-"""BEACON: milestone-anchored trajectory + segment advantages (ALGORITHMS.md section 4)."""
+"""BEACON: milestone-anchored trajectory + segment advantages (ALGORITHMS.md section 4).
+
+Grid-last (see advantages/__init__.py): traced params are [G] vectors, results end in [G].
+"""
 
 from __future__ import annotations
 
@@ -30,34 +33,34 @@ def segments(step_mask: jax.Array, milestone: jax.Array) -> tuple[jax.Array, jax
 
 
 def bin_values(params: AdvantageParams, h: int) -> jax.Array:
-    """Shaping reward of each distance bin -> [H + 1]: R_ms * gamma^d for d < H, 0 for bin H.
+    """Shaping reward of each distance bin -> [H + 1, G]: R_ms * gamma^d for d < H, 0 for bin H.
 
     Bin H stands for "in the unfinished segment", whose reward is 0.
     """
-    d = jnp.arange(h + 1, dtype=jnp.float32)
+    d = jnp.arange(h + 1, dtype=jnp.float32)[:, None]
     return jnp.where(d < h, params.r_ms * jnp.power(params.beacon_gamma, d), 0.0)
 
 
 def shaping_rewards(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
-    """r_t = R_ms * beacon_gamma^{t_k - t} in completed segments, 0 elsewhere -> [P, N, M, H]."""
+    """r_t = R_ms * beacon_gamma^{t_k - t} in completed segments, 0 elsewhere -> [P, N, M, H, G]."""
     _, dist = segments(batch.step_mask, batch.milestone)
     h = batch.shape[-1]
     r = bin_values(params, h)[jnp.where(dist >= 0, dist, h)]
-    return jnp.where(batch.step_mask, r, 0.0)
+    return jnp.where(batch.step_mask[..., None], r, 0.0)
 
 
 def segment_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strategy: bool) -> jax.Array:
-    """A^seg = center (or norm, seg_norm='std') of r_t within (task[, z], k) -> [P, N, M, H].
+    """A^seg = center (or norm, seg_norm='std') of r_t within (task[, z], k) -> [P, N, M, H, G].
 
     Statistics are over step samples; the group's members are the trajectories that entered
     segment k. (choice) "Entered" = has at least one step in it, so a trajectory that ended on
     its K-th milestone is not a member of group K; a group with one member gives 0.
 
     A step's reward depends only on its distance bin (t_k - t, or "unfinished"), so each group is
-    summarised by a histogram over bins, cnt [G, H+1], built from the batch alone. Group sums are
-    then cnt @ bin values, and under vmap over gamma / R_ms only these products and gathers from
-    small tables are batched (no scatter). Sums are taken relative to the value of a bin present
-    in the group, so a constant group gives exactly 0.
+    summarised by a histogram over bins, cnt [NG, H+1], built from the batch alone (once for a
+    whole grid). Group sums are then cnt @ bin values [H+1, G], and per grid point only these
+    products and row gathers from small [., G] tables remain (no scatter). Sums are taken
+    relative to the value of a bin present in the group, so a constant group gives exactly 0.
     """
     h = batch.shape[-1]
     seg, dist = segments(batch.step_mask, batch.milestone)
@@ -66,20 +69,20 @@ def segment_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strat
     sm = batch.step_mask
     cnt = jax.ops.segment_sum(sm.reshape(-1).astype(jnp.float32), (g * (h + 1) + bins).reshape(-1),
                               num_segments=num_groups * (h + 1)).reshape(num_groups, h + 1)
-    n = cnt.sum(-1)  # [G] step samples
-    b0 = jnp.argmax(cnt > 0, axis=-1)  # [G] a bin present in the group: its value is the shift
-    members = _members(batch, seg, per_strategy)  # [G] trajectories that entered
-    vals = bin_values(params, h)  # [H+1]
-    shift = vals[b0]  # [G]
-    s1 = cnt @ vals  # [G] sum of r
+    n = cnt.sum(-1, keepdims=True)  # [NG, 1] step samples
+    b0 = jnp.argmax(cnt > 0, axis=-1)  # [NG] a bin present in the group: its value is the shift
+    members = _members(batch, seg, per_strategy)  # [NG] trajectories that entered
+    vals = bin_values(params, h)  # [H+1, G]
+    shift = vals[b0]  # [NG, G]
+    s1 = cnt @ vals  # [NG, G] sum of r
     dsum = s1 - n * shift  # sum of (r - shift): exactly 0 when the group has one bin
-    mean = dsum / jnp.maximum(n, 1.0)  # [G] mean of (r - shift)
-    # sum of (r - shift - mean)^2 = sum (r - shift)^2 - n mean^2, expanded so that only [G] x
-    # [H+1] products are batched.
+    mean = dsum / jnp.maximum(n, 1.0)  # [NG, G] mean of (r - shift)
+    # sum of (r - shift - mean)^2 = sum (r - shift)^2 - n mean^2, expanded so that only
+    # [NG, H+1] x [H+1, G] products are needed.
     sq_dev = cnt @ (vals * vals) - 2.0 * shift * s1 + n * shift * shift
-    sq = jnp.maximum(sq_dev - n * mean * mean, 0.0)  # [G]
-    c = vals[bins] - shift[g] - mean[g]  # [P, N, M, H]
-    return finish(c, n[g], sq[g], sm & (members[g] >= 2), params.seg_norm)
+    sq = jnp.maximum(sq_dev - n * mean * mean, 0.0)  # [NG, G]
+    c = vals[bins] - (shift + mean)[g]  # [P, N, M, H, G]
+    return finish(c, n[g], sq[g], (sm & (members[g] >= 2))[..., None], params.seg_norm)
 
 
 def _segment_groups(shape, seg, per_strategy):
@@ -107,12 +110,12 @@ def trajectory_advantage(batch: TrajectoryBatch, per_strategy: bool) -> jax.Arra
 
 
 def beacon_step_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strategy: bool) -> jax.Array:
-    """A_{i,t} = A^traj_i + lam_seg * A^seg_{i,t} -> [P, N, M, H].
+    """A_{i,t} = A^traj_i + lam_seg * A^seg_{i,t} -> [P, N, M, H, G].
 
     per_strategy=True restricts both groups to one (task, z_i), for algo 'strata+beacon'.
     """
     a_traj = trajectory_advantage(batch, per_strategy)
-    return a_traj[..., None] + params.lam_seg * segment_advantage(batch, params, per_strategy)
+    return a_traj[..., None, None] + params.lam_seg * segment_advantage(batch, params, per_strategy)
 
 
 def _owner(shape: tuple[int, ...], per_strategy: bool) -> jax.Array:

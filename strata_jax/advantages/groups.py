@@ -6,21 +6,19 @@ unbiased std (ddof = 1), a one-member group gives 0.
 Two shapes of group:
 - `axis_normalize`: the group is a set of array axes (a task's trajectories, a task's strategies):
   plain masked reductions.
-- `sorted_normalize`: arbitrary key tuples (GiGPO's anchor states). A `SortedGroups` layout, built
-  once from the keys, orders the elements so that each group is one contiguous run; group sums are
-  then a segmented Hillis-Steele scan (ceil(log2(largest group)) shifted adds) and a gather.
+- `normalize_rows`: arbitrary key tuples (GiGPO's anchor states). A `Groups` partition, built once
+  from the keys (`group_by`: dense ids, no sort when the keys' ranges are small), gives each
+  element its group id; group sums are segment sums (a scatter-add) gathered back.
 
-Why not `jax.ops.segment_sum`: hyper-parameter grids run under `jax.vmap`, and XLA:CPU executes a
-batched scatter ~500x slower than the unbatched one; the layout depends only on ids (never on
-the vmapped hyper-parameters), so under vmap only shifts, adds and gathers are batched.
+The partition depends only on ids, never on hyper-parameters: under a vmap over a grid it is built
+once, and the kernels that sum over groups take values with the grid axis last ([T, G], see
+advantages/grid.py), so each scatter moves contiguous rows.
 
 Both normalisations shift each group by one of its own members before summing, so a constant group
 (an all-fail group) gives exactly 0, not f32 rounding residue divided by the 1e-6 epsilon.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +34,11 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"normalisation mode must be one of {NORM_MODES}, got {mode!r}")
 
 
-def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array, keep: jax.Array, mode: str) -> jax.Array:
+def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array, mode: str) -> jax.Array:
     """Centred values c -> c / (unbiased std + EPS) in 'std' mode, c in 'mean' mode; 0 where not keep.
 
-    n: (weighted) member count of each element's group; sq_sum: its sum of (weighted) c**2.
+    n: (weighted) member count of each element's group; sq_sum: its sum of (weighted) c**2
+    (unused, may be None, in 'mean' mode).
     """
     if mode == "std":
         c = c / (jnp.sqrt(sq_sum / jnp.maximum(n - 1.0, 1.0)) + EPS)
@@ -95,8 +94,10 @@ def dense_ids(keys: tuple[jax.Array, ...], valid: jax.Array,
 
     keys: same-shape int arrays; bounds: per key, a static bound (values in [0, bound), e.g. the
     task index) or None (arbitrary int32). Invalid elements share one id of their own (callers
-    mask them). Keys are folded into one mixed-radix int32 code, re-ranked by sorting whenever the
-    next digit could overflow int32; beyond size 46340 a (slower) lexsort is used instead.
+    mask them). Keys are folded into one mixed-radix int32 code. When the keys' actual ranges
+    (max - min + 1 over valid elements) multiply to at most size, that code is the id: no sort.
+    Otherwise the code is re-ranked by sorting whenever the next digit could overflow int32;
+    beyond size 46340 a (slower) lexsort is used instead.
     """
     shape = valid.shape
     v = valid.reshape(-1)
@@ -105,16 +106,40 @@ def dense_ids(keys: tuple[jax.Array, ...], valid: jax.Array,
     flat = [jnp.where(v, k.reshape(-1).astype(jnp.int32), 0) for k in keys]
     if t * t > _I32_MAX:
         return _dense_ids_lexsort([(~v).astype(jnp.int32)] + flat).reshape(shape)
-    code, u = (~v).astype(jnp.int32), 2  # u: static upper bound of code
+    # Digits and radices from the actual ranges; their product is checked in f32, exact below
+    # 2**24 (a larger product is rounded but still larger than t).
+    digits, radices, spans = [], [], []
     for k, b in zip(flat, bounds):
-        digit, radix = (jnp.clip(k, 0, b - 1), b) if b is not None else _radix(k, t)
-        radix_max = b if b is not None else t
-        if u * radix_max > _I32_MAX:
-            code, u = _rank(code)[0], t
-        code, u = code * radix + digit, u * radix_max
-    if u > t:
-        code = _rank(code)[0]
-    return code.reshape(shape)
+        if b is not None:
+            digits.append(jnp.clip(k, 0, b - 1))
+            radices.append(jnp.int32(b))
+            spans.append(jnp.float32(b))
+        else:
+            lo = jnp.min(jnp.where(v, k, _I32_MAX))
+            hi = jnp.max(jnp.where(v, k, -_I32_MAX - 1))
+            span = jnp.maximum(hi.astype(jnp.float32) - lo.astype(jnp.float32) + 1.0, 1.0)
+            digits.append(jnp.where(v, k - lo, 0))  # wraps only where the span overflows: not used then
+            radices.append(jnp.minimum(span, t).astype(jnp.int32))
+            spans.append(span)
+    small = (2.0 * jnp.prod(jnp.stack(spans)) <= t) if t < 2**24 else jnp.bool_(False)
+
+    def direct(_):
+        code = (~v).astype(jnp.int32)
+        for d, r in zip(digits, radices):
+            code = code * r + d
+        return code
+
+    def ranked(_):
+        code, u = (~v).astype(jnp.int32), 2  # u: static upper bound of code
+        for k, b in zip(flat, bounds):
+            digit, radix = (jnp.clip(k, 0, b - 1), b) if b is not None else _radix(k, t)
+            radix_max = b if b is not None else t
+            if u * radix_max > _I32_MAX:
+                code, u = _rank(code)[0], t
+            code, u = code * radix + digit, u * radix_max
+        return _rank(code)[0] if u > t else code
+
+    return jax.lax.cond(small, direct, ranked, None).reshape(shape)
 
 
 def _dense_ids_lexsort(flat: list[jax.Array]) -> jax.Array:
@@ -128,98 +153,58 @@ def _dense_ids_lexsort(flat: list[jax.Array]) -> jax.Array:
     return jnp.zeros(flat[0].shape[0], jnp.int32).at[order].set(rank)
 
 
-# ----------------------------------------------------------------------------- sorted layout
+# ----------------------------------------------------------------------------- keyed groups
 
 @struct.dataclass
-class SortedGroups:
-    """Elements ordered so that each group is one contiguous run, with index maps to gather from.
+class Groups:
+    """A partition of the T (flat) elements into groups of equal key tuples, built from ids only.
 
-    Built from ids only, so under vmap over hyper-parameters none of it is batched: only gathers
-    through these maps and the scans are. All arrays are [T] (flat element count).
+    Under a vmap over hyper-parameters none of it is batched: it is built once per batch.
     """
 
-    order: jax.Array  # int32: flat element at each sorted position
-    first: jax.Array  # int32: per sorted position, sorted position of its run's first element
-    last: jax.Array  # int32: per sorted position, sorted position of its run's last element
-    head: jax.Array  # int32: per sorted position, flat index of its run's first element
-    valid: jax.Array  # bool: per sorted position, the element takes part
-    size: jax.Array  # f32: per sorted position, valid members of its run (0 for the invalid run)
-    nat_last: jax.Array  # int32: per flat element, sorted position of its run's last element
-    nat_head: jax.Array  # int32: per flat element, flat index of its run's first element
-    nat_size: jax.Array  # f32: per flat element, valid members of its run
-    n_pass: jax.Array  # int32 scalar: ceil(log2(longest valid run))
+    ids: jax.Array  # [T] int32 in [0, T): group of each element (invalid elements: one id apart)
+    valid: jax.Array  # [T] bool: the element takes part
+    size: jax.Array  # [T] f32: valid members of the element's group (0 for invalid elements)
+    head: jax.Array  # [T] int32: flat index of the first member of the element's group
+
+    @property
+    def num(self) -> int:
+        """Static number of segments (ids lie in [0, num))."""
+        return self.ids.shape[0]
 
 
-def sort_groups(keys: tuple[jax.Array, ...], valid: jax.Array,
-                bounds: tuple[int | None, ...] | None = None) -> SortedGroups:
-    """Layout of the groups of equal key tuples among valid elements (invalid ones apart)."""
+def group_by(keys: tuple[jax.Array, ...], valid: jax.Array,
+             bounds: tuple[int | None, ...] | None = None) -> Groups:
+    """Groups of equal key tuples among valid elements (invalid ones apart). See `dense_ids`."""
     v = valid.reshape(-1)
     t = v.shape[0]
-    ids = dense_ids(keys, valid, bounds).reshape(-1)  # [T] in [0, T)
+    ids = dense_ids(keys, valid, bounds).reshape(-1)
     pos = jnp.arange(t, dtype=jnp.int32)
-    if t * t <= _I32_MAX:  # argsort by packing (id, index) into one int32 key: a lone-array sort
-        order = (jnp.sort(ids * t + pos) % t).astype(jnp.int32)
-    else:
-        order = jnp.argsort(ids, stable=True).astype(jnp.int32)
-    sid, vs = ids[order], v[order]
-    start = jnp.concatenate([jnp.ones(1, bool), sid[1:] != sid[:-1]])
-    end = jnp.concatenate([sid[1:] != sid[:-1], jnp.ones(1, bool)])
-    first = jax.lax.cummax(jnp.where(start, pos, 0), axis=0)
-    last = jax.lax.cummin(jnp.where(end, pos, t - 1), axis=0, reverse=True)
-    size = jnp.where(vs, last - first + 1, 0).astype(jnp.float32)
-    inv = jnp.zeros(t, jnp.int32).at[order].set(pos)  # sorted position of each flat element
-    n_pass = jnp.ceil(jnp.log2(jnp.maximum(size.max(), 1.0))).astype(jnp.int32)
-    head = order[first]
-    return SortedGroups(order=order, first=first, last=last, head=head, valid=vs, size=size,
-                        nat_last=last[inv], nat_head=head[inv], nat_size=size[inv], n_pass=n_pass)
+    count = jax.ops.segment_sum(v.astype(jnp.float32), ids, num_segments=t)
+    first = jax.ops.segment_min(pos, ids, num_segments=t)
+    return Groups(ids=ids, valid=v, size=jnp.where(v, count[ids], 0.0), head=first[ids])
 
 
-def run_scan(x: jax.Array, layout: SortedGroups, op: Callable) -> jax.Array:
-    """Inclusive segmented scan of `op` along each run: x [..., T] in sorted order -> [..., T].
-
-    Hillis-Steele: pass k combines each element with the one 2**k back when it is in the same run,
-    for k < n_pass. A `fori_loop` over the passes picks the pass's static shift by `lax.switch`
-    (a static slice + pad is cheaper than a dynamic roll; unrolling all passes makes XLA fuse the
-    chain into one kernel that recomputes it exponentially). The loop bound comes from ids only,
-    so under vmap it stays a loop. The value at a run's last position is the run's total.
-    """
-    t = x.shape[-1]
-    pos = jnp.arange(t, dtype=jnp.int32)
-
-    def shifted(s):
-        def step(x):
-            pad = jnp.zeros(x.shape[:-1] + (s,), x.dtype)
-            prev = jnp.concatenate([pad, x[..., :-s]], axis=-1)  # prev[i] = x[i - s]
-            return jnp.where(pos - s >= layout.first, op(x, prev), x)
-        return step
-
-    passes = [shifted(1 << k) for k in range(max(1, (t - 1).bit_length()))]
-    return jax.lax.fori_loop(0, layout.n_pass, lambda k, x: jax.lax.switch(k, passes, x), x)
+def group_totals(x: jax.Array, groups: Groups) -> jax.Array:
+    """x [T, ...] -> [T, ...]: the sum of x over each element's group (a scatter-add, a gather)."""
+    return jax.ops.segment_sum(x, groups.ids, num_segments=groups.num)[groups.ids]
 
 
-def sorted_normalize(x: jax.Array, layout: SortedGroups, mode: str = "std") -> jax.Array:
-    """norm / center of x [...] within the layout's groups -> [...]; 0 for invalid and singletons.
+def normalize_rows(x: jax.Array, groups: Groups, mode: str = "std") -> jax.Array:
+    """norm / center of x [T, G] within groups, for each of the G columns -> [T, G].
 
-    Values are shifted by one member of their group (a constant group then gives exactly 0); the
-    sums of the deviations and then of the squared centred values (two-pass, for accuracy) come
-    from segmented scans in sorted order, and the result is assembled in natural order through
-    the layout's index maps (no permutation back).
+    0 for invalid elements and singletons. Values are shifted by their group's first member (a
+    constant group then gives exactly 0); two passes (the mean, then the squared deviations from
+    it) for accuracy. The grid axis G is last so each group sum scatters contiguous rows.
     """
     check_mode(mode)
-    shape = x.shape
-    x = x.reshape(-1).astype(jnp.float32)
-    vs, n = layout.valid, layout.size
-    d = jnp.where(vs, x[layout.order] - x[layout.head], 0.0)  # [T] sorted
-    scan_d = run_scan(d, layout, jnp.add)
-    c = jnp.where(vs, d - scan_d[layout.last] / jnp.maximum(n, 1.0), 0.0)
-    scan_sq = run_scan(c * c, layout, jnp.add)
-    # Natural order: each element minus its run's shift and mean deviation.
-    nn = layout.nat_size
-    v = nn > 0  # valid elements sit in runs of size >= 1; the invalid run has size 0
-    mean = scan_d[layout.nat_last] / jnp.maximum(nn, 1.0)
-    cn = jnp.where(v, x - x[layout.nat_head] - mean, 0.0)
-    out = finish(cn, nn, scan_sq[layout.nat_last], v & (nn >= 2), mode)
-    return out.reshape(shape)
+    v = groups.valid[:, None]
+    n = groups.size[:, None]
+    x = x.astype(jnp.float32)
+    d = jnp.where(v, x - x[groups.head], 0.0)
+    c = jnp.where(v, d - group_totals(d, groups) / jnp.maximum(n, 1.0), 0.0)
+    sq = group_totals(c * c, groups) if mode == "std" else None
+    return finish(c, n, sq, v & (n >= 2), mode)
 
 
 def index_grid(shape: tuple[int, ...], axis: int) -> jax.Array:

@@ -21,6 +21,9 @@ def episode_advantage(batch: TrajectoryBatch, params: AdvantageParams, mode: str
 
 
 def grpo_step_advantage(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
-    """A_i = norm(R(tau_i)) over the task group, broadcast to every step -> [P, N, M, H]."""
+    """A_i = norm(R(tau_i)) over the task group, broadcast to every step -> [P, N, M, H, 1].
+
+    No traced parameter enters: the grid axis (last) has size 1 and broadcasts.
+    """
     a = episode_advantage(batch, params, "std")  # [P, N, M]
-    return jnp.broadcast_to(a[..., None], batch.shape)
+    return jnp.broadcast_to(a[..., None, None], batch.shape + (1,))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from strata_jax.models.linear import linear
+
 _NEG = -1e30
 
 
@@ -39,7 +41,8 @@ def token_logprobs(
     def body(carry, xs):
         m, s, sz = carry  # running max, sum exp(l - m), sum exp(l - m) * l   (each [B, T])
         wc, start = xs
-        logits = jnp.einsum("btd,dc->btc", h, wc)  # [B, T, chunk]
+        logits = linear(h, wc)  # [B, T, chunk]; its kernel gradient runs without a transposed softmax
+
         valid = (start + jnp.arange(chunk)) < v  # [chunk]
         # A finite floor, not -inf: -inf * 0 in the backward pass of the entropy term gives NaN.
         logits = jnp.where(valid, logits, _NEG)

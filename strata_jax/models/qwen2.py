@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx, struct
 
 from strata_jax.models.config import ModelConfig
+from strata_jax.models.linear import linear
 
 _MASK_VALUE = -1e30  # finite: a fully masked (padding) query row gives a uniform softmax, not NaN
 
@@ -67,6 +68,26 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array,
     return jnp.cos(emb), jnp.sin(emb)
 
 
+def _rope_buffers(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """rope_cos_sin, computed once into buffers of their own (on CPU; plain elsewhere).
+
+    Left to itself XLA:CPU recomputes cos and sin inside every fusion that reads them: q and k of
+    every layer, forward and backward (16 times in a 4-layer train step). A conditional's results
+    are buffers (XLA drops optimization_barrier before fusion, and merges a cond whose branches
+    are equal), so they come from a cond whose predicate, (p | 1) != 0, holds for every integer p;
+    the zero branch is never taken. Only on CPU: a GPU conditional reads its predicate on the
+    host, a sync in every decode step, for a recompute that costs a GPU little.
+    """
+
+    def cpu(p):
+        pred = jnp.all((p.astype(jnp.int32) | 1) != 0)
+        shape = p.shape + (inv_freq.shape[0] * 2,)
+        zeros = lambda p: (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))  # noqa: E731
+        return jax.lax.cond(pred, lambda p: rope_cos_sin(p, inv_freq), zeros, p)
+
+    return jax.lax.platform_dependent(positions, cpu=cpu, default=lambda p: rope_cos_sin(p, inv_freq))
+
+
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """x [B, T, N, Dh] rotated by position (rotate-half layout, as in HF Qwen2/Llama)."""
     half = x.shape[-1] // 2
@@ -99,9 +120,8 @@ class Dense(nnx.Module):
         self.bias = _param(jnp.zeros(out_shape, cfg.params_dtype), out_axes) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        k = self.kernel[...].astype(self.dtype)
-        y = jax.lax.dot_general(x.astype(self.dtype), k,
-                                ((tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))), ((), ())))
+        # linear: dot_general with a kernel gradient XLA:CPU runs without transposing dy.
+        y = linear(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.n_in)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -333,7 +353,7 @@ class Decoder(nnx.Module):
         cfg = self.cfg
         _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index)
         x = _constrain_batch(self.embed_tokens(tokens))  # [B, T, D]
-        cos, sin = rope_cos_sin(positions, rope_inv_freq(cfg))  # [B, T, Dh]
+        cos, sin = _rope_buffers(positions, rope_inv_freq(cfg))  # [B, T, Dh]
         mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
         ks = cache.k if cache is not None else None
         vs = cache.v if cache is not None else None
