@@ -90,6 +90,9 @@ def main(argv: list[str]) -> int:
                   f"config.mesh.rollout_shards={config.mesh.rollout_shards}: set it to 0 or 1", file=sys.stderr)
             return 2
     workdir = _workdir(config)
+    from rollout.jit_cache import enable_jit_cache
+
+    enable_jit_cache()  # compiled programs kept on disk: a restarted run skips most compiles
     from rollout import trainer  # heavy imports (jax, transformers) only after validation
 
     if mode == "train":
@@ -178,6 +181,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    from rollout.cpu_memory import keep_freed_memory_on_cpu
+
+    keep_freed_memory_on_cpu()  # before jax starts its threads: 1.3x faster SFT on the CPU (rollout/cpu_memory.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # transformers' "PyTorch was not found" advice: we use its tokenizers and configs only.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

@@ -20,10 +20,12 @@ run repeats the warm-up exactly. Figures are means over `--iterations` such iter
 different task set). The two algorithms take different actions, so their episodes differ in
 length; the per-env-step time is printed too.
 
-    python bench/iteration.py [--iterations 2] [--sft-steps 30] [--keep DIR]
+    python bench/iteration.py [--iterations 2] [--sft-steps 30] [--keep DIR] [--set KEY=VALUE ...]
 
-Prints one line per figure: each phase for each algorithm, the totals, and StraTA's overhead
-over GRPO in percent (per iteration and per env step).
+`--set sampling.shared_prefix=False` (any config key, repeatable) changes both runs alike.
+Prints one line per figure: each phase for each algorithm, the totals, the padded prefill tokens
+the sampler ran per iteration, and StraTA's overhead over GRPO in percent (per iteration and per
+env step).
 """
 
 from __future__ import annotations
@@ -40,14 +42,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PHASES = ("strategies", "actions", "judgment", "scoring", "advantages", "update")
 
 
-def configs(sft_steps: int):
+def configs(sft_steps: int, overrides: list[str] = ()):
     """(StraTA config, GRPO config) from the embedded default; same model, same everything else."""
+    import ast
     import copy
 
     from configs.base import validate
     from configs.tiny_household import get_config
 
     strata = get_config()
+    for item in overrides:
+        key, _, value = item.partition("=")
+        node, *path = key.split(".")
+        target = strata[node]
+        for name in path[:-1]:
+            target = target[name]
+        target[path[-1]] = ast.literal_eval(value)
     strata.sft.steps = sft_steps
     strata.log.progress = False
     strata.eval.every = 0
@@ -84,17 +94,21 @@ def measure(config, workdir: pathlib.Path, iterations: int) -> dict[str, float]:
     envs = make_envs(c, per_iter, c.env.split)
     sums = dict.fromkeys(PHASES, 0.0)
     steps = 0.0
+    samplers = run.policy.samplers.values()
     for it in range(1, iterations + 1):
         start = jax.tree.map(jnp.copy, run.state)  # the update donates the state: keep a copy
         iteration_step(run, envs, it, None)  # warm-up: compiles this iteration's shapes
         run.state = start
+        before = sum(x.prefill_tokens for x in samplers)
         row, res = iteration_step(run, envs, it, None)
+        sums["prefill_tokens"] = sums.get("prefill_tokens", 0.0) + (
+            sum(x.prefill_tokens for x in samplers) - before) / iterations
         for k, v in phases(row).items():
             sums[k] += v / iterations
         steps += float(np.asarray(res.traj.step_mask).sum()) / iterations
     if hasattr(envs, "close"):
         envs.close()
-    return {**sums, "total": sum(sums.values()), "env_steps": steps}
+    return {**sums, "total": sum(sums[k] for k in PHASES), "env_steps": steps}
 
 
 def main() -> None:
@@ -102,6 +116,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=2, help="measured iterations per algorithm")
     ap.add_argument("--sft-steps", type=int, default=30, help="SFT steps of the shared tiny model")
     ap.add_argument("--keep", default=None, help="workdir to keep (default: a temporary one)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for both runs, e.g. sampling.shared_prefix=False")
     a = ap.parse_args()
 
     from rollout.setup import make_mesh
@@ -110,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(a.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        strata, grpo = configs(a.sft_steps)
+        strata, grpo = configs(a.sft_steps, a.set)
         model = model_dir(strata, root / "model", make_mesh(strata))
         out = {}
         for name, cfg in (("strata", strata), ("grpo", grpo)):
@@ -122,6 +138,7 @@ def main() -> None:
             print(f"iteration {name:6s} {k:10s} {r[k]:8.2f} s")
         print(f"iteration {name:6s} {'total':10s} {r['total']:8.2f} s  ({r['env_steps']:.0f} env steps, "
               f"{1000 * r['total'] / max(r['env_steps'], 1):.1f} ms/step)")
+        print(f"iteration {name:6s} {'prefill':10s} {r['prefill_tokens']:8.0f} padded prompt tokens")
     print(f"strata overhead over grpo per iteration: {100 * (s['total'] / g['total'] - 1):+.1f} %")
     per_step = (s["total"] / max(s["env_steps"], 1)) / (g["total"] / max(g["env_steps"], 1))
     print(f"strata overhead over grpo per env step:  {100 * (per_step - 1):+.1f} %")

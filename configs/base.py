@@ -127,6 +127,10 @@ def base_config() -> mlc.ConfigDict:
     s.prompt_buckets = (128, 256, 512, 1024, 2048)
     s.batch_buckets = (8, 16, 32, 64, 128, 256, 512)
     s.kv_dtype = "float32"
+    # Prefill each common prompt prefix once (the intro, task, strategy and start memory that the M
+    # trajectories of a strategy share) and copy its keys and values to the rows that start with it
+    # (strata_jax/prefix.py); the samples are the unshared prefill's up to float rounding.
+    s.shared_prefix = True
 
     # --- update (ALGORITHMS.md 5) -----------------------------------------------------------------
     t = c.train = mlc.ConfigDict()

@@ -11,6 +11,10 @@ maps its own heaps the same way, so every call writes into fresh pages: one mino
 step). With mmap off, a high trim threshold and a single arena, freed blocks stay in the main heap
 and the next call reuses pages that are already mapped.
 
+`launch.py` and the test suite call `keep_freed_memory_on_cpu()`, which applies it only in a process
+that will run on the CPU (the embedded default's SFT: 300 steps in 60 s against 78 s with glibc's
+defaults, docs/BENCHMARKS.md); `STRATA_KEEP_FREED_MEMORY=0` turns it off, `=1` forces it.
+
 Costs: memory the process frees is not returned to the OS (the heap keeps its peak), and every
 thread allocates from one arena (more lock contention for malloc-heavy multi-threaded code).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
 # mallopt parameters (glibc malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -40,3 +45,28 @@ def keep_freed_memory() -> bool:
         if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
             raise RuntimeError(f"glibc mallopt({param}, {value}) failed")
     return True
+
+
+ACCELERATOR_DEVICES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/accel0", "/dev/vfio/0", "/dev/kfd")
+
+
+def runs_on_cpu(environ=None) -> bool:
+    """Whether this process's jax will run on the CPU, decided before jax is imported: JAX_PLATFORMS
+    names only cpu, or no accelerator device file (NVIDIA, TPU, ROCm) exists."""
+    env = os.environ if environ is None else environ
+    platforms = [p.strip() for p in env.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    if platforms:
+        return platforms == ["cpu"]
+    return not any(os.path.exists(d) for d in ACCELERATOR_DEVICES)
+
+
+def keep_freed_memory_on_cpu(environ=None) -> bool:
+    """keep_freed_memory() in a CPU process (see the module docstring); STRATA_KEEP_FREED_MEMORY=0 or 1
+    overrides the decision. Returns whether the settings were applied."""
+    env = os.environ if environ is None else environ
+    choice = env.get("STRATA_KEEP_FREED_MEMORY", "auto").strip().lower()
+    if choice not in ("auto", "0", "1"):
+        raise ValueError(f"STRATA_KEEP_FREED_MEMORY={choice!r}: use auto, 0 or 1")
+    if choice == "0" or (choice == "auto" and not runs_on_cpu(env)):
+        return False
+    return keep_freed_memory()

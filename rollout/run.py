@@ -65,7 +65,7 @@ class Run:
         self.policy = JaxPolicy(graphdef, self._policy_params(), self.tokenizer, budgets,
                                 prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
                                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
-                                cache_dtype=s.kv_dtype, seed=int(config.seed))
+                                cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix), seed=int(config.seed))
         self.window = logprob_window(config)
         if for_training:
             self.train_step = make_train_step(graphdef, self.optimizer, loss_config(loss_dict(t)), self.mesh,

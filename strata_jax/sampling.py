@@ -22,6 +22,15 @@ Layout of the cache slots: [0, Tp) hold the left-padded prompt, slot Tp + i hold
 Positions come from the attention mask: prompt token j sits at cumsum(mask)[j] - 1, generated token
 i at prompt_len + i, so left padding does not shift anything.
 
+Shared prefixes (`SamplerConfig.shared_prefix`, strata_jax/prefix.py). Rows whose prompts begin
+with the same tokens (the M trajectories of a StraTA strategy) can skip re-encoding them: the
+prefill then runs each unique prefix once ([UB, Tpre], a cache of Tpre slots), copies its keys and
+values into slots [0, Tpre) of every row that uses it, and runs the rows' suffixes [BB, Ts] at
+slots [Tpre, Tp) against them. Positions continue from the prefix (a row's real tokens sit at
+0 .. len - 1 either way), Tpre + Ts is the prompt bucket the rows get without sharing, and the
+decode program is the same one. The tokens and log-probs are those of the unshared prefill up to
+float rounding (tests/test_shared_prefix.py).
+
 The optional embedding is the mean final hidden state (after the last RMSNorm) of the generated
 tokens, each taken when the token is fed back in; with `return_embedding` the loop runs one extra
 step so the last token of each row is fed too. No second forward pass.
@@ -41,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from strata_jax import sharding
 from strata_jax.models.heads import token_logprobs
+from strata_jax.prefix import plan_prefixes
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
 
@@ -70,6 +80,10 @@ class SamplerConfig:
     max_stop_sequences: int = 8  # stop sequences are padded to [max_stop_sequences, max_stop_len]
     max_stop_len: int = 16
     score_chunk: int = 8192  # vocabulary chunk of `score` (heads.token_logprobs)
+    shared_prefix: bool = False  # prefill common prompt prefixes once (module docstring)
+    prefix_buckets: tuple[int, ...] = ()  # prefix lengths Tpre; empty: powers of two and the prompt buckets
+    min_shared_prefix: int = 16  # shorter common prefixes are not worth a copy of their keys and values
+    min_prefix_saving: float = 0.2  # share only when the padded prefill shrinks by this fraction
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_prompt_len", "max_batch", "max_stop_sequences",
@@ -85,6 +99,11 @@ class SamplerConfig:
 
     def prompt_bucket_list(self) -> tuple[int, ...]:
         return tuple(self.prompt_buckets) or power_of_two_buckets(16, self.max_prompt_len)
+
+    def prefix_bucket_list(self) -> tuple[int, ...]:
+        if self.prefix_buckets:
+            return tuple(self.prefix_buckets)
+        return tuple(sorted(set(power_of_two_buckets(32, self.max_prompt_len)) | set(self.prompt_bucket_list())))
 
     def batch_bucket_list(self, multiple: int = 1) -> tuple[int, ...]:
         base = tuple(self.batch_buckets) or power_of_two_buckets(1, self.max_batch)
@@ -287,6 +306,10 @@ class Sampler:
         self.batch_buckets = config.batch_bucket_list(dp)
         self.traces: Counter = Counter()  # traces (= compilations) per jitted function
         self._prefill = jax.jit(self._prefill_impl)
+        self._prefill_shared = jax.jit(self._prefill_shared_impl)
+        # Padded prefill tokens (rows x slots) run so far, and how many of the calls shared prefixes.
+        self.prefill_tokens = 0
+        self.shared_calls = 0
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
         self._score = jax.jit(self._score_impl)
 
@@ -301,9 +324,12 @@ class Sampler:
                  stop_sequences: list[list[int]] | None = None) -> SampleOutput:
         """Sample up to max_new_tokens per prompt. See SampleOutput for the result."""
         cfg = self.config
-        tokens, consts, key = self._prepare(prompts, sampling, rng, stop_sequences)  # validates
+        tokens, consts, key, plan = self._prepare(prompts, sampling, rng, stop_sequences)  # validates
         b = len(prompts)
-        state = self._prefill(params, tokens, consts, key)
+        if plan is None:
+            state = self._prefill(params, tokens, consts, key)
+        else:
+            state = self._prefill_shared(params, *tokens, consts, key)
         state = self._decode(params, state, consts)
         host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
                                "reason": state.reason, "emb": state.emb_sum})
@@ -320,7 +346,27 @@ class Sampler:
         b = _check_prompts(prompts)
         bb = pick_bucket(b, self.batch_buckets, "batch size")
         tp = pick_bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
-        tokens, mask = _left_pad(prompts, bb, tp, cfg.pad_id)
+        plan = None
+        if cfg.shared_prefix:
+            plan = plan_prefixes(prompts, tp, bb, cfg.prefix_bucket_list(), self.batch_buckets,
+                                 cfg.min_shared_prefix, cfg.min_prefix_saving)
+        if plan is None:
+            tokens, mask = _left_pad(prompts, bb, tp, cfg.pad_id)
+            self.prefill_tokens += bb * tp
+        else:
+            # [UB, Tpre] prefixes and [BB, Ts] suffixes, each left-padded; the row's prompt mask is
+            # its prefix's mask followed by its suffix's, [BB, Tpre + Ts = Tp].
+            pre_tokens, pre_mask = _left_pad([list(x) for x in plan.prefixes], plan.unique_bucket,
+                                             plan.prefix_bucket, cfg.pad_id)
+            pre_mask[len(plan.prefixes):] = False
+            suf_tokens, suf_mask = _left_pad([list(p[s:]) for p, s in zip(prompts, plan.split)], bb,
+                                             plan.suffix_bucket, cfg.pad_id)
+            row_prefix = np.zeros((bb,), np.int32)
+            row_prefix[:b] = plan.row_prefix
+            mask = np.concatenate([pre_mask[row_prefix], suf_mask], axis=1)
+            tokens = (pre_tokens, pre_mask, row_prefix, suf_tokens)
+            self.prefill_tokens += plan.cost
+            self.shared_calls += 1
         consts = _Consts(
             prompt_mask=mask, prompt_len=mask.sum(1).astype(np.int32), row_valid=np.arange(bb) < b,
             **_sampling_arrays(sampling, b, bb),
@@ -328,7 +374,7 @@ class Sampler:
             eos_ids=np.asarray(list(cfg.eos_ids) or [-1], np.int32))
         tokens, consts = self._place(tokens, consts)
         key = jax.random.key(rng) if isinstance(rng, (int, np.integer)) else rng
-        return tokens, consts, key
+        return tokens, consts, key, plan
 
     def score(self, params: Any, tokens: Any, attention_mask: Any) -> np.ndarray:
         """Teacher-forced log-probs [B, L] (see `score`), bucketed with this sampler's buckets."""
@@ -356,8 +402,38 @@ class Sampler:
         # Static cache_index 0: attention over the Tp prompt slots only; last_only: the last layer
         # and the norm run on the last position only (its logits are all the prefill needs).
         hidden, cache = model(tokens, positions, mask, cache=cache, cache_index=0, last_only=True)
+        return self._first_token(model, hidden[:, -1], cache, c, rng)
+
+    def _prefill_shared_impl(self, params, pre_tokens, pre_mask, row_prefix, suf_tokens, c: _Consts, rng) -> _State:
+        """The prefill over shared prefixes (module docstring). pre_tokens / pre_mask [UB, Tpre],
+        row_prefix [BB] (each row's prefix), suf_tokens [BB, Ts]; c.prompt_mask is [BB, Tpre + Ts]."""
+        self.traces["prefill_shared"] += 1
+        cfg = self.config
+        model = nnx.merge(self.graphdef, params)
+        u, tpre = pre_tokens.shape
+        b, ts = suf_tokens.shape
+        n = cfg.max_new_tokens
+        dtype = _dtype(cfg.cache_dtype)
+        pre_pos = jnp.maximum(jnp.cumsum(pre_mask.astype(jnp.int32), axis=1) - 1, 0)
+        pre_cache = model.init_cache(u, tpre, dtype=dtype)
+        _, pre_cache = model(pre_tokens, pre_pos, pre_mask, cache=pre_cache, cache_index=0, last_only=True)
+        # Each row's cache: its prefix's keys and values in slots [0, Tpre), the rest empty.
+        cache = jax.tree.map(lambda x: _rows_with_room(x, row_prefix, ts + n), pre_cache)
         cache = self._constrain_cache(cache)
-        logits = _last_logits(hidden[:, -1], model.unembed_kernel())  # [B, V]
+        suf_mask = c.prompt_mask[:, tpre:]
+        pre_len = jnp.sum(c.prompt_mask[:, :tpre], axis=1, dtype=jnp.int32)  # [BB]
+        suf_pos = pre_len[:, None] + jnp.maximum(jnp.cumsum(suf_mask.astype(jnp.int32), axis=1) - 1, 0)
+        mask = jnp.concatenate([c.prompt_mask, jnp.zeros((b, n), jnp.bool_)], axis=1)  # [BB, S]
+        hidden, cache = model(suf_tokens, suf_pos, mask, cache=cache, cache_index=tpre, last_only=True)
+        return self._first_token(model, hidden[:, -1], cache, c, rng)
+
+    def _first_token(self, model, last_hidden, cache, c: _Consts, rng) -> _State:
+        """Sample the first token from the prompt's last hidden state [B, D]; the decode's start state."""
+        cfg = self.config
+        b = last_hidden.shape[0]
+        n = cfg.max_new_tokens
+        cache = self._constrain_cache(cache)
+        logits = _last_logits(last_hidden, model.unembed_kernel())  # [B, V]
         rng, key = jax.random.split(rng)
         tok = sample_tokens(logits, key, c.temperature, c.top_k, c.top_p)
         w = c.stop_tokens.shape[1]
@@ -366,7 +442,7 @@ class Sampler:
             tokens=jnp.full((b, n), cfg.pad_id, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
             lengths=jnp.zeros((b,), jnp.int32), done=~c.row_valid,
             reason=jnp.full((b,), FINISH_LENGTH, jnp.int32), window=jnp.full((b, w), -1, jnp.int32),
-            emb_sum=jnp.zeros((b, hidden.shape[-1]), jnp.float32), rng=rng)
+            emb_sum=jnp.zeros((b, last_hidden.shape[-1]), jnp.float32), rng=rng)
         return _record(state, tok, logits, c)
 
     def _decode_impl(self, params, state: _State, c: _Consts) -> _State:
@@ -416,10 +492,12 @@ class Sampler:
             return params
         return sharding.shard_params(params, self.mesh)
 
-    def _place(self, tokens: np.ndarray, consts: _Consts):
-        """Batch arrays over the data axes, everything else replicated (no-op without a mesh)."""
+    def _place(self, tokens, consts: _Consts):
+        """Batch arrays over the data axes, everything else replicated (no-op without a mesh).
+        `tokens` is [B, Tp], or with shared prefixes the tuple (prefix tokens, prefix mask, row
+        prefix, suffix tokens), each batched over its first axis."""
         if self.mesh is None:
-            return jnp.asarray(tokens), jax.tree.map(jnp.asarray, consts)
+            return jax.tree.map(jnp.asarray, tokens), jax.tree.map(jnp.asarray, consts)
 
         def put(x, batched: bool):
             axes = ("batch",) + (None,) * (x.ndim - 1) if batched else None
@@ -429,7 +507,7 @@ class Sampler:
         shared = {"stop_tokens", "stop_lens", "eos_ids"}
         consts = consts.replace(**{f.name: put(getattr(consts, f.name), f.name not in shared)
                                    for f in dataclasses.fields(consts)})
-        return put(tokens, True), consts
+        return jax.tree.map(lambda x: put(x, True), tokens), consts
 
     def _constrain_cache(self, cache):
         """KV cache leaves [B, KVH, S, Dh] per layer (or [L, B, KVH, S, Dh] stacked): batch over the
@@ -447,6 +525,16 @@ class Sampler:
             return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
         return jax.tree.map(constrain, cache)
+
+
+def _rows_with_room(x: jax.Array, rows: jax.Array, extra: int) -> jax.Array:
+    """Prefix cache [U, K, Tpre, Dh] (or stacked [L, U, K, Tpre, Dh]) -> the rows' caches
+    [B, K, Tpre + extra, Dh]: row b holds prefix rows[b], then `extra` empty slots."""
+    axis = x.ndim - 4  # the batch axis: 0, or 1 under scan_layers
+    picked = jnp.take(x, rows, axis=axis)
+    pad = [(0, 0)] * x.ndim
+    pad[-2] = (0, extra)
+    return jnp.pad(picked, pad)
 
 
 # ------------------------------------------------------------------------------------- score

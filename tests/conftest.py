@@ -9,8 +9,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One persistent compilation cache for the whole session, its xdist workers and the launch.py
+# subprocesses they start (rollout/jit_cache.py): the many small runs compile the same programs.
+# STRATA_JIT_CACHE=0 turns it off.
+if os.environ.get("STRATA_JIT_CACHE", "").strip().lower() not in ("0", "off", "none", "false"):
+    import tempfile
+
+    os.environ.setdefault("STRATA_JIT_CACHE", os.path.join(tempfile.gettempdir(), "strata_jax_test_jit_cache"))
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["STRATA_JIT_CACHE"])
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import pytest  # noqa: E402
+
+from rollout.cpu_memory import keep_freed_memory_on_cpu  # noqa: E402
+
+keep_freed_memory_on_cpu()  # before any test imports jax: faster XLA:CPU calls (rollout/cpu_memory.py)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -25,3 +25,15 @@ def test_freed_memory_is_reused_without_page_faults():
     _faults_touching(n)  # first touch: the heap grows, its pages fault in once
     again = _faults_touching(n)
     assert again < (n // 4096) // 10, f"{again} page faults re-touching a freed {n >> 20} MB block"
+
+
+def test_applied_only_where_jax_runs_on_the_cpu():
+    from rollout.cpu_memory import keep_freed_memory_on_cpu, runs_on_cpu
+
+    assert runs_on_cpu({"JAX_PLATFORMS": "cpu"})
+    assert not runs_on_cpu({"JAX_PLATFORMS": "cuda"})
+    assert not runs_on_cpu({"JAX_PLATFORMS": "cuda,cpu"})  # cpu is only the fallback there
+    assert keep_freed_memory_on_cpu({"JAX_PLATFORMS": "tpu"}) is False
+    assert keep_freed_memory_on_cpu({"JAX_PLATFORMS": "cpu", "STRATA_KEEP_FREED_MEMORY": "0"}) is False
+    with pytest.raises(ValueError, match="STRATA_KEEP_FREED_MEMORY"):
+        keep_freed_memory_on_cpu({"STRATA_KEEP_FREED_MEMORY": "yes"})
