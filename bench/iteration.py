@@ -38,6 +38,9 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from rollout.cpu_memory import keep_freed_memory_on_cpu  # noqa: E402
+
+keep_freed_memory_on_cpu()  # as launch.py does, before jax starts its threads
 
 PHASES = ("strategies", "actions", "judgment", "scoring", "advantages", "update")
 
