@@ -20,7 +20,7 @@ CHOICES = {
     "algo.milestones": ("facts", "expert_plan"),
     "algo.gigpo_norm": ("std", "mean"),
     "algo.seg_norm": ("mean", "std"),
-    "algo.invalid_penalty_tokens": ("action", "response"),
+    "algo.invalid_penalty_tokens": ("action", "divergence", "response"),
     "env.name": ENVS,
     "env.split": ("train", "valid_seen", "valid_unseen"),
     "env.eval_split": ("train", "valid_seen", "valid_unseen"),
@@ -60,7 +60,9 @@ def base_config() -> mlc.ConfigDict:
     a.lam_seg = 1.0  # BEACON segment advantage weight
     a.omega = 1.0  # GiGPO step advantage weight
     a.invalid_penalty = 0.1
-    a.invalid_penalty_tokens = "action"  # where it lands: the wrong command's tokens, or "response" (all)
+    # where it lands: the wrong command's tokens; "divergence" the one token where it left every
+    # admissible command; "response" all of the response (docs/CONTRACTS.md)
+    a.invalid_penalty_tokens = "action"
     a.r_succ = 10.0
     a.r_ms = 10.0
     a.c_len = 0.1

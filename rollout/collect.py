@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 from rollout import judge as judge_mod
 from rollout import prompts
 from rollout import revision as revision_mod
-from rollout.parsing import (INADMISSIBLE, INVALID_REASONS, TOO_LONG, action_content_span, parse_action,
-                             parse_strategy)
+from rollout.parsing import (INADMISSIBLE, INVALID_REASONS, TOO_LONG, action_content_span, normalize_action,
+                             parse_action, parse_strategy)
 from rollout.envs import INTROS, REWARD_IN_RETURN
 from rollout.envs.vector import SerialEnvPool
 from rollout.policy import Generation, Policy
@@ -42,7 +42,7 @@ from strata_jax import diversity
 from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows
 
 MODES = ("strata", "flat")
-PENALTY_TOKENS = ("action", "response")
+PENALTY_TOKENS = ("action", "divergence", "response")
 
 
 # --- configuration --------------------------------------------------------------------------------
@@ -68,6 +68,9 @@ class RolloutConfig:
     # (no / several / empty <action> tags); "response" = every response token (the spec's wording).
     # The <think>/<action> format tokens are shared by every step, so "response" pushes the format
     # itself down whenever a command is wrong (issue #13: 98% invalid from a weak start).
+    # "divergence" = only the token at which an inadmissible command stops being the start of any
+    # admissible one ("go to cabinet 3" where cabinets 1 and 2 exist: the "3"); the words before
+    # it were right, and pushing them down is pushing down every command that starts with them.
     penalty_tokens: str = "action"
     env_reward_in_return: bool = False  # add the env's own shaping to R(tau)
     strategy_budget: int | None = 64  # L_z: z is cut to this many words in step prompts
@@ -217,6 +220,7 @@ class _State:
         self.history: list[list[tuple[str, str]]] = [[] for _ in range(E)]
         self.gens: list[list[Generation]] = [[] for _ in range(E)]
         self.logs: list[list[dict]] = [[] for _ in range(E)]
+        self.invalid_admissible: dict[tuple[int, int], list[str] | None] = {}  # (e, t) of invalid steps
         self.errors: list[str] = [""] * E
         # per task / per strategy
         self.task_line: list[str] = [""] * self.P
@@ -389,6 +393,8 @@ def _record_step(st: _State, e: int, t: int, g: Generation, pa, r: EnvOut) -> No
         st.crashed[e], st.alive[e], st.errors[e] = True, False, r.error
         return
     st.step_mask[e, t], st.invalid[e, t] = True, not pa.valid
+    if not pa.valid:  # what the command should have started like (penalty_tokens "divergence")
+        st.invalid_admissible[(e, t)] = st.admissible[e]
     st.step_slot[e, t] = st.rev.slot[e]
     st.changed[e, t] = judge_mod.state_changed(r.info, r.obs)
     st.anchor_id[e, t] = text_id(st.obs[e])
@@ -515,25 +521,47 @@ def _token_rows(st: _State, cfg: RolloutConfig) -> list[tuple[Generation, tuple[
     return [rows[i] for i in order]
 
 
-def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str) -> np.ndarray:
+def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str,
+                       admissible: Sequence[str] | None = None) -> np.ndarray:
     """[len(response)] bool: the response tokens an invalid step's penalty lands on (see
     RolloutConfig.penalty_tokens). The action content is located in the decoded response and mapped
-    to tokens through the decoded length of every token prefix."""
+    to tokens through the decoded length of every token prefix.
+
+    mode "divergence" (an inadmissible command, `admissible` = the step's command list): the first
+    content token after which the content, normalised as the parser does, is no longer the start
+    of any admissible command. A content that is a strict start of one ("go to cab") was cut
+    short: the first token after it (the closing tag) is the wrong one. Without a list, or a
+    too-long command, it falls back to "action"."""
     n = len(g.response_ids)
     whole = np.ones(n, bool)
     if mode == "response" or reason not in (INADMISSIBLE, TOO_LONG):
         return whole
     if decode is None:
-        raise ValueError("invalid_penalty_tokens='action' needs a policy with decode(ids) -> str to find the "
+        raise ValueError(f"invalid_penalty_tokens={mode!r} needs a policy with decode(ids) -> str to find the "
                          "action's tokens; this policy has none (use 'response')")
     ids = [int(i) for i in g.response_ids]
-    span = action_content_span(decode(ids))
+    text = decode(ids)
+    span = action_content_span(text)
     if span is None:
         return whole
     ends = np.fromiter((len(decode(ids[: i + 1])) for i in range(n)), np.int64, n)  # char end of token i
     starts = np.concatenate([[0], ends[:-1]])
     out = (starts < span[1]) & (ends > span[0])  # token overlaps the content
-    return out if out.any() else whole
+    if not out.any():
+        return whole
+    if mode == "divergence" and reason == INADMISSIBLE and admissible:
+        cmds = [normalize_action(c) for c in admissible]
+        for i in np.flatnonzero(out):
+            # the content up to the end of token i, normalised (a trailing space stays: "go to "
+            # is the start of "go to desk 1", "goto" is not the start of anything)
+            prefix = text[span[0]:min(int(ends[i]), span[1])]
+            norm = normalize_action(prefix) + (" " if prefix[-1:].isspace() else "")
+            if not any(c.startswith(norm) for c in cmds):
+                return np.arange(n) == i
+        after = np.flatnonzero(starts >= span[1])  # the content is a strict start: it stopped early
+        if len(after):
+            return np.arange(n) == after[0]
+    return out
 
 
 def _penalty_mask(st: _State, rows: list, packed: dict, decode: Any, cfg: RolloutConfig) -> np.ndarray:
@@ -547,7 +575,8 @@ def _penalty_mask(st: _State, rows: list, packed: dict, decode: Any, cfg: Rollou
         if not st.invalid[e, t]:
             continue
         k = len(g.response_ids)
-        mask[s, length - k:] = penalty_token_mask(g, st.logs[e][t]["reason"], decode, cfg.penalty_tokens)
+        mask[s, length - k:] = penalty_token_mask(g, st.logs[e][t]["reason"], decode, cfg.penalty_tokens,
+                                                  st.invalid_admissible.get((e, t)))
     return mask
 
 

@@ -44,7 +44,35 @@ def test_mask_covers_the_command_words_only():
         penalty_token_mask(_gen(WRONG)[1], INADMISSIBLE, None, "action")
 
 
-@pytest.mark.parametrize("mode", ["action", "response"])
+ROOM = ["go to cabinet 1", "go to cabinet 2", "go to desk 1", "take pen 1 from desk 1", "look"]
+
+
+@pytest.mark.parametrize("text, wrong", [
+    # words: 0 <think> 1 go 2 on 3 </think> 4 <action> 5.. the command, then </action>
+    ("<think> go on </think> <action> go to cabinet 3 </action>", 8),  # "3": no cabinet 3 here
+    ("<think> go on </think> <action> go to sofa 1 </action>", 7),  # "sofa": no sofa
+    ("<think> go on </think> <action> fly to desk 1 </action>", 5),  # the first word already
+    ("<think> go on </think> <action> take pen 1 from cabinet 1 </action>", 9),  # right until "cabinet"
+    ("<think> go on </think> <action> GO To cabinet 7 </action>", 8),  # case does not matter: "7"
+    ("<think> go on </think> <action> go to cabinet </action>", 8),  # cut short: the closing tag
+])
+def test_divergence_mask_is_the_first_wrong_token(text, wrong):
+    pol, g = _gen(text)
+    mask = penalty_token_mask(g, INADMISSIBLE, pol.decode, "divergence", ROOM)
+    assert np.flatnonzero(mask).tolist() == [wrong]
+    # "action" covers the whole command, and "divergence" one token of it (or the tag after it)
+    action = penalty_token_mask(g, INADMISSIBLE, pol.decode, "action", ROOM)
+    assert action[wrong] or wrong == len(text.split()) - 1
+
+
+def test_divergence_falls_back_to_the_command_without_a_list_or_for_a_format_error():
+    pol, g = _gen(WRONG)
+    assert penalty_token_mask(g, INADMISSIBLE, pol.decode, "divergence", None).tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
+    pol, g = _gen(NO_TAG)
+    assert penalty_token_mask(g, MISSING_TAG, pol.decode, "divergence", ROOM).all()
+
+
+@pytest.mark.parametrize("mode", ["action", "divergence", "response"])
 def test_gathered_advantages_put_the_penalty_on_the_masked_tokens(mode):
     from strata_jax.advantages import AdvantageParams, compute_advantages, invalid_penalty
     from strata_jax.batch import gather_advantages
@@ -72,6 +100,8 @@ def test_gathered_advantages_put_the_penalty_on_the_masked_tokens(mode):
             continue
         if mode == "action" and m == 1:  # the inadmissible command: its two words, nothing else
             assert on.tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
+        elif mode == "divergence" and m == 1:  # "fly": no corridor command starts with it
+            assert on.tolist() == [0, 0, 0, 0, 0, 1, 0, 0]
         else:  # a format error, or mode "response": the whole response
             assert on.all()
         np.testing.assert_allclose(row[on], base - 0.5, atol=1e-6)
