@@ -84,6 +84,32 @@ def _bucket(n: int, buckets: Sequence[int]) -> int | None:
     return next((int(x) for x in buckets if n <= x), None)
 
 
+def fit_groups(prompts: Sequence[Sequence[int]], groups: list[tuple[list[int], int]], prefix_bucket: int,
+               suffix_bucket: int, min_prefix: int, tails: Sequence[int] | None = None) -> np.ndarray | None:
+    """Each row's split [B] for prefix bucket Tpre and suffix bucket Ts, or None when a row cannot fit.
+
+    `groups` come from `group_rows`. A group keeps one prefix (its common prefix cut to Tpre) when
+    it has several rows, that prefix is at least `min_prefix` long and every row's suffix fits in
+    Ts; otherwise each of its rows gets a private prefix just long enough for its suffix to fit
+    (0 = no prefix). `tails[b]` (default 0): tokens row b carries after its prompt in the suffix
+    (the update's response), which the split never reaches into.
+    """
+    tails = [0] * len(prompts) if tails is None else tails
+    splits = np.zeros(len(prompts), np.int64)
+    for rows, p in groups:
+        longest = max(len(prompts[r]) + int(tails[r]) for r in rows)
+        use = min(p, int(prefix_bucket))
+        if len(rows) > 1 and use >= min_prefix and longest - use <= suffix_bucket:
+            splits[rows] = use  # one prefix for the group
+            continue
+        for r in rows:  # a private prefix only where the row's suffix would not fit
+            need = len(prompts[r]) + int(tails[r]) - suffix_bucket
+            if need > min(int(prefix_bucket), len(prompts[r]) - 1):
+                return None
+            splits[r] = max(need, 0)
+    return splits
+
+
 def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bucket: int,
                   prefix_buckets: Sequence[int], unique_buckets: Sequence[int], min_prefix: int = 16,
                   min_saving: float = 0.2) -> PrefixPlan | None:
@@ -97,23 +123,8 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bu
         ts = prompt_bucket - int(tpre)
         if ts < 1:
             continue
-        splits = np.zeros(len(prompts), np.int64)
-        feasible = True
-        for rows, p in groups:
-            longest = max(len(prompts[r]) for r in rows)
-            use = min(p, int(tpre))
-            if len(rows) > 1 and use >= min_prefix and longest - use <= ts:
-                splits[rows] = use  # one prefix for the group
-                continue
-            for r in rows:  # a private prefix only where the row's suffix would not fit
-                need = len(prompts[r]) - ts
-                if need > min(int(tpre), len(prompts[r]) - 1):
-                    feasible = False
-                    break
-                splits[r] = max(need, 0)
-            if not feasible:
-                break
-        if not feasible:
+        splits = fit_groups(prompts, groups, int(tpre), ts, min_prefix)
+        if splits is None:
             continue
         keys = [tuple(int(t) for t in prompts[r][: splits[r]]) for r in range(len(prompts))]
         prefixes = sorted(set(keys))
