@@ -16,6 +16,9 @@ UB x Tpre + BB x Ts fall below (1 - min_saving) x BB x Tp.
 
 Every row keeps at least one token in its suffix: the prefill's last position gives the first
 sampled token's logits.
+
+The update and the scoring share prefixes too (strata_jax/packing.py): they use `group_rows` and
+`fit_groups` with a suffix bucket of their own and each row's response as its `tail`.
 """
 
 from __future__ import annotations
