@@ -24,7 +24,7 @@ length; the per-env-step time is printed too.
 
 `--set sampling.shared_prefix=False` (any config key, repeatable) changes both runs alike.
 Prints one line per figure: each phase for each algorithm, the totals, the padded prefill tokens
-the sampler ran per iteration, and StraTA's overhead over GRPO in percent (per iteration and per
+the sampler ran and the padded tokens the update ran (`train.shared_prefix` shares prefixes) per iteration, and StraTA's overhead over GRPO in percent (per iteration and per
 env step).
 """
 
@@ -106,6 +106,7 @@ def measure(config, workdir: pathlib.Path, iterations: int) -> dict[str, float]:
         row, res = iteration_step(run, envs, it, None)
         sums["prefill_tokens"] = sums.get("prefill_tokens", 0.0) + (
             sum(x.prefill_tokens for x in samplers) - before) / iterations
+        sums["update_tokens"] = sums.get("update_tokens", 0.0) + row["time/update_model_tokens"] / iterations
         for k, v in phases(row).items():
             sums[k] += v / iterations
         steps += float(np.asarray(res.traj.step_mask).sum()) / iterations
@@ -142,6 +143,7 @@ def main() -> None:
         print(f"iteration {name:6s} {'total':10s} {r['total']:8.2f} s  ({r['env_steps']:.0f} env steps, "
               f"{1000 * r['total'] / max(r['env_steps'], 1):.1f} ms/step)")
         print(f"iteration {name:6s} {'prefill':10s} {r['prefill_tokens']:8.0f} padded prompt tokens")
+        print(f"iteration {name:6s} {'update':10s} {r['update_tokens']:8.0f} padded tokens through the model")
     print(f"strata overhead over grpo per iteration: {100 * (s['total'] / g['total'] - 1):+.1f} %")
     per_step = (s["total"] / max(s["env_steps"], 1)) / (g["total"] / max(g["env_steps"], 1))
     print(f"strata overhead over grpo per env step:  {100 * (per_step - 1):+.1f} %")

@@ -91,21 +91,20 @@ def fit_groups(prompts: Sequence[Sequence[int]], groups: list[tuple[list[int], i
                suffix_bucket: int, min_prefix: int, tails: Sequence[int] | None = None) -> np.ndarray | None:
     """Each row's split [B] for prefix bucket Tpre and suffix bucket Ts, or None when a row cannot fit.
 
-    `groups` come from `group_rows`. A group keeps one prefix (its common prefix cut to Tpre) when
-    it has several rows, that prefix is at least `min_prefix` long and every row's suffix fits in
-    Ts; otherwise each of its rows gets a private prefix just long enough for its suffix to fit
-    (0 = no prefix). `tails[b]` (default 0): tokens row b carries after its prompt in the suffix
-    (the update's response), which the split never reaches into.
+    `groups` come from `group_rows`. The rows of a group whose suffix fits in Ts after the group's
+    common prefix (cut to Tpre) share that prefix, when there are several of them and it is at
+    least `min_prefix` long; every other row gets a private prefix just long enough for its suffix
+    to fit (0 = no prefix). `tails[b]` (default 0): tokens row b carries after its prompt in the
+    suffix (the update's response), which the split never reaches into.
     """
     tails = [0] * len(prompts) if tails is None else tails
     splits = np.zeros(len(prompts), np.int64)
     for rows, p in groups:
-        longest = max(len(prompts[r]) + int(tails[r]) for r in rows)
         use = min(p, int(prefix_bucket))
-        if len(rows) > 1 and use >= min_prefix and longest - use <= suffix_bucket:
-            splits[rows] = use  # one prefix for the group
-            continue
-        for r in rows:  # a private prefix only where the row's suffix would not fit
+        fits = [r for r in rows if len(prompts[r]) + int(tails[r]) - use <= suffix_bucket]
+        shared = fits if len(fits) > 1 and use >= min_prefix else []
+        splits[shared] = use  # one prefix for the group's rows that fit after it
+        for r in set(rows) - set(shared):  # a private prefix only where the row's suffix would not fit
             need = len(prompts[r]) + int(tails[r]) - suffix_bucket
             if need > min(int(prefix_bucket), len(prompts[r]) - 1):
                 return None
