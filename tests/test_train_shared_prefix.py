@@ -238,3 +238,22 @@ def test_score_rows_shared_equals_plain(monkeypatch):
     assert np.ptp(plain[b.loss_mask]) > 1.0
     assert len(packed) == 2 and any(x is not None for x in packed)  # a chunk was scored shared
     np.testing.assert_allclose(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_update_batch_packs_only_with_the_switch_on():
+    """rollout/scoring.update_batch (the iteration's update input): a SharedBatch packed for the
+    step's micro-batches and data-parallel size with train.shared_prefix, the mini-batch itself
+    without."""
+    from rollout.scoring import update_batch
+
+    b = _rows()
+
+    def run(shared, micro_batches=2):
+        train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared)
+        return types.SimpleNamespace(config=types.SimpleNamespace(train=train),
+                                     mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}))
+
+    assert update_batch(run(False), b) is b
+    sb = update_batch(run(True), b)
+    assert isinstance(sb, SharedBatch) and sb.micro_batches == 2 and sb.prefix_tokens.shape[0] % 4 == 0
+    assert sb.model_tokens <= 0.8 * b.tokens.size  # packed only when it saves a fifth
