@@ -89,6 +89,7 @@ def test_packing_keeps_every_token_and_shares(k, dp):
     u, tpre = sb.prefix_tokens.shape
     assert u % (k * dp) == 0 and sb.micro_batches == k
     assert sb.model_tokens < s * length  # it saves tokens
+    assert (~sb.prefix_mask.any(axis=1)).any()  # all-padding prefix slots (unused, or rows sharing nothing)
     for p in range(s):
         q = int(sb.row_prefix[p]) * k + p % k  # the row's prefix slot in its own micro-batch
         assert 0 <= sb.row_prefix[p] < u // k
