@@ -30,7 +30,8 @@ the regime of the StraTA paper's +2.3% (ALFWorld prompts, long episodes).
 
 `--set sampling.shared_prefix=False` (any config key, repeatable) changes both runs alike.
 Prints one line per figure: each phase for each algorithm, the totals, the padded prefill tokens
-the sampler ran per iteration, and StraTA's overhead over GRPO in percent (per iteration and per
+the sampler ran per iteration, the batch's tokens and the padded tokens the update ran
+(`train.shared_prefix` shares prompt prefixes there), and StraTA's overhead over GRPO in percent (per iteration and per
 env step).
 """
 
@@ -125,6 +126,8 @@ class Measured:
         out["update_steps"] = float(row.get("update/steps", 0.0))
         out["no_signal"] = float(row.get("update/no_signal_skipped", 0.0))
         out["train_tokens"] = float(row.get("time/train_tok_s", 0.0)) * row["time/update_s"]
+        # padded tokens the update's forward ran (fewer than the batch's with train.shared_prefix)
+        out["update_tokens"] = float(row.get("time/update_model_tokens", 0.0))
         out["env_steps"] = float(np.asarray(res.traj.step_mask).sum())
         if not keep:
             self.run.state = start
@@ -199,6 +202,7 @@ def main() -> None:
         print(f"iteration {name:6s} {'prefill':10s} {r['prefill_tokens']:8.0f} padded prompt tokens")
         print(f"iteration {name:6s} {'batch':10s} {r['train_tokens']:8.0f} tokens; {r['update_steps']:.0f} mini-batches "
               f"trained, {r['no_signal']:.0f} skipped without signal")
+        print(f"iteration {name:6s} {'update':10s} {r['update_tokens']:8.0f} padded tokens through the model")
     print(f"strata overhead over grpo per iteration: {100 * (s['total'] / g['total'] - 1):+.1f} %")
     per_step = (s["total"] / max(s["env_steps"], 1)) / (g["total"] / max(g["env_steps"], 1))
     print(f"strata overhead over grpo per env step:  {100 * (per_step - 1):+.1f} %")

@@ -14,6 +14,16 @@ glibc as it is. Both sides compute the log-probs of the response window only, as
 (ours: `logprob_window` = the response length; torch: `logits_to_keep`); --all-positions computes
 every position on both sides.
 
+--shared-prefix: the update with shared prompt prefixes (`train.shared_prefix`, strata_jax/packing.py)
+against the plain one, on the embedded default's model shape (hidden 64, 2 layers, vocab 2048) and
+rows shaped like its StraTA action rows: G prefixes of ~180 tokens (intro, task, strategy, start
+memory) shared by the rows of a strategy, a ~45-token step part and a 20-token response each,
+mini-batches of --batch rows drawn at random from the G x M rows, one pinned thread, steps
+interleaved. Prints the tokens through the model and the seconds per step of both, and checks the
+two losses agree.
+
+    python bench/train.py --shared-prefix [--batch 64] [--groups 8] [--per-group 16] [--iters 10]
+
 --gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
 bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
 peak = 989e12 (H200 dense bf16) per device.
@@ -190,6 +200,71 @@ def _torch_runner(model, batch: TokenBatch, window: int | None):
     return run
 
 
+def prefix_rows(groups: int, per_group: int, length: int, vocab: int, seed: int = 0) -> TokenBatch:
+    """G x M rows [G*M, length], left-padded: a ~180-token prefix per group, then a ~45-token step
+    part and a 20-token trained response per row (the embedded default's action rows), at most 256."""
+    r = np.random.default_rng(seed)
+    tok = lambda n: r.integers(1, vocab, n).tolist()  # noqa: E731
+    s = groups * per_group
+    tokens = np.zeros((s, length), np.int32)
+    mask = np.zeros((s, length), bool)
+    loss = np.zeros((s, length), bool)
+    for g in range(groups):
+        prefix = tok(int(r.integers(170, 187)))
+        for m in range(per_group):
+            row = prefix + tok(int(r.integers(40, 51))) + tok(20)
+            i = g * per_group + m
+            tokens[i, length - len(row):] = row
+            mask[i, length - len(row):] = True
+            loss[i, length - 20:] = True
+    logp = np.where(loss, -np.log(vocab) + r.normal(0, 0.1, (s, length)), 0).astype(np.float32)
+    adv = np.where(loss, np.repeat(r.normal(size=(s, 1)), length, 1), 0).astype(np.float32)
+    return TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss, old_logp=logp, ref_logp=logp,
+                      advantage=adv, row_index=np.zeros((s, 4), np.int32), row_valid=np.ones(s, bool))
+
+
+def bench_shared(args):
+    from strata_jax.models.tiny import init_params
+    from strata_jax.packing import pack_shared
+
+    cfg = ModelConfig.from_hf(dict(model_type="qwen2", vocab_size=2048, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                   max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=True))
+    graphdef, params = init_params(cfg, seed=0)
+    length = 256  # the default's first length bucket: ~180 + ~45 + 20 tokens
+    rows = prefix_rows(args.groups, args.per_group, length, cfg.vocab_size)
+    # one mini-batch as the trainer cuts it (train.minibatches: a random draw of the iteration's rows)
+    mb = next(T.minibatches(rows, args.batch, seed=0))
+    packed = pack_shared(mb, 1, 1, (256,))
+    if packed is None:
+        raise RuntimeError("the rows share too little: no packing")
+    shared = packed[0]
+    mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    window = 96  # the default's logprob_window: max(action 24, strategy 96) tokens
+    runners = {}
+    for name, batch in (("plain", mb), ("shared", shared)):
+        step, state = _jax_step(graphdef, jax.tree.map(jnp.copy, params), mesh, window=window)
+        runners[name] = _jax_runner(step, state, batch)
+    losses = {}
+    for name, batch in (("plain", mb), ("shared", shared)):  # first-step losses from the same params
+        step, st = _jax_step(graphdef, jax.tree.map(jnp.copy, params), mesh, window=window)
+        losses[name] = float(step(st, batch, 1.0)[1]["loss"])
+    times = {"plain": [], "shared": []}
+    for _ in range(args.iters):
+        for name in times:
+            times[name].append(runners[name]())
+    sec = {k: float(np.median(v)) for k, v in times.items()}
+    tok = {"plain": int(np.prod(mb.tokens.shape)), "shared": shared.model_tokens}
+    u, tpre = shared.prefix_tokens.shape
+    print(f"update tiny default shape, {args.batch} rows of {args.groups}x{args.per_group} (prefix ~180, step ~45, "
+          f"response 20), 1 thread: tokens through the model {tok['plain']:,} -> {tok['shared']:,} "
+          f"([{u}, {tpre}] prefixes + {list(shared.rows.tokens.shape)} suffixes); "
+          f"{sec['plain'] * 1e3:.0f} -> {sec['shared'] * 1e3:.0f} ms/step, speed-up {sec['plain'] / sec['shared']:.2f}x; "
+          f"loss {losses['plain']:.6f} vs {losses['shared']:.6f} "
+          f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
+
+
 def bench_gpu(args):
     spec = SMOKE if args.smoke else QWEN2_05B
     cfg = ModelConfig.from_hf(spec, dtype="bfloat16", param_dtype="float32", scan_layers=True,
@@ -224,12 +299,19 @@ def main():
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
     ap.add_argument("--all-positions", action="store_true",
                     help="CPU: log-probs of every position on both sides (default: the response window)")
+    ap.add_argument("--shared-prefix", action="store_true",
+                    help="CPU: the update with shared prompt prefixes vs the plain one (default-shaped rows)")
+    ap.add_argument("--groups", type=int, default=8, help="--shared-prefix: prefixes (strategies)")
+    ap.add_argument("--per-group", type=int, default=16, help="--shared-prefix: rows per prefix")
     ap.add_argument("--default-malloc", action="store_true",
                     help="CPU: leave glibc malloc as it is (default: keep freed memory, rollout/cpu_memory.py)")
     args = ap.parse_args()
     if args.smoke and not args.gpu:
         ap.error("--smoke goes with --gpu")
-    if args.gpu:
+    if args.shared_prefix:
+        args.batch, args.iters = args.batch or 64, args.iters or 10
+        bench_shared(args)
+    elif args.gpu:
         args.batch, args.length, args.iters = args.batch or 16, args.length or 2048, args.iters or 10
         bench_gpu(args)
     else:

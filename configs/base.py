@@ -158,6 +158,12 @@ def base_config() -> mlc.ConfigDict:
     # Re-score old log-probs with the training forward (as verl does) rather than trusting the
     # sampler's: they agree in fp32, but differ in bf16, which would bias the PPO ratio.
     t.recompute_old_logp = True
+    # Run each common prompt prefix of a mini-batch once in the update and in the scoring, the rows'
+    # remainders attending to its keys and values (strata_jax/packing.py): the same log-probs, loss
+    # and update up to float rounding, fewer tokens through the model (StraTA's M trajectories of a
+    # strategy share their intro, task, strategy and start memory). The population update
+    # (`ablate --train`) runs unshared.
+    t.shared_prefix = True
 
     # --- SFT warm start -------------------------------------------------------------------------
     f = c.sft = mlc.ConfigDict()

@@ -14,7 +14,7 @@ import numpy as np
 
 from rollout.collect import collect
 from rollout.judge import judge_quality_row
-from rollout.scoring import check_window, score_batch, to_mesh, trim_rows
+from rollout.scoring import check_window, score_batch, to_mesh, trim_rows, update_batch
 from rollout.setup import rollout_config, train_tasks
 from rollout.shards import merge_results, shard_tasks, to_host
 from strata_jax import sharding
@@ -23,6 +23,7 @@ from strata_jax.advantages.params import AdvantageParams
 from strata_jax.advantages.weighting import step_weights
 from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages
 from strata_jax.diagnostics import compute_diagnostics
+from strata_jax.packing import SharedBatch
 from strata_jax.train import minibatches
 
 if TYPE_CHECKING:
@@ -75,13 +76,15 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     t3 = time.perf_counter()
     rows = int(config.train.mini_batch_rows)
     sums: dict[str, float] = {}
-    n_steps = no_signal = 0
+    n_steps = no_signal = model_tokens = 0
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
         if config.train.skip_no_signal and not has_signal(mb):
             no_signal += 1
             continue
         mb = trim_rows(mb, config.train.length_buckets)
         check_window(np.asarray(mb.loss_mask), run.window)
+        mb = update_batch(run, mb)  # shared prompt prefixes split off (train.shared_prefix)
+        model_tokens += mb.model_tokens if isinstance(mb, SharedBatch) else int(np.prod(mb.tokens.shape))
         # Every process cut the same mini-batches from the same gathered batch (same seed).
         run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))
         m = jax.device_get(m)
@@ -99,6 +102,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     gen_tok = run.policy.tokens_generated - tok0
     row["time/sample_tok_s"] = gen_tok / max(run.policy.sample_seconds - s0, 1e-9)
     row["time/train_tok_s"] = float(np.asarray(tb.attention_mask).sum()) / max(times["update"], 1e-9)
+    row["time/update_model_tokens"] = model_tokens  # padded token slots the update ran (shared prefixes once)
     for k, v in times.items():
         row[f"time/{k}_s"] = v
     # The rollout's policy time by call kind: StraTA's strategy and self-judgment calls vs the

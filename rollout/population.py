@@ -261,6 +261,9 @@ class Population:
         return adv, compute_diagnostics(traj, adv)
 
     def _build_step(self):
+        """The vmapped update. It runs unshared: `train.shared_prefix` packs each copy's rows
+        differently (prefix count and lengths), so the copies' SharedBatches could not be stacked;
+        the copies' scoring shares (score_batch). Same update up to float rounding either way."""
         c, run = self.config, self.run
         t = c.train
         step_fn = train_step_fn(run.graphdef, run.optimizer, loss_config(loss_dict(t)), run.mesh,

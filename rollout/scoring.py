@@ -1,6 +1,7 @@
 """Teacher-forced log-probs of a rollout's token rows (the reference policy's, and the old policy's
 when they are re-scored), and the row shapes they share with the update: the log-prob window at the
-end of each row, trimming to a length bucket, and host rows placed on the mesh.
+end of each row, trimming to a length bucket, shared prompt prefixes split off (`train.shared_prefix`,
+strata_jax/packing.py), and host rows placed on the mesh.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from strata_jax import sharding
 from strata_jax.batch import TokenBatch
-from strata_jax.train import sequence_logprobs
+from strata_jax.packing import SharedBatch, pack_shared
+from strata_jax.train import sequence_logprobs, shared_sequence_logprobs
 
 if TYPE_CHECKING:
     from rollout.run import Run
@@ -54,6 +56,29 @@ def _score_window(graphdef, chunk: int, window: int, params, tokens, mask):
     return sequence_logprobs(graphdef, params, tokens, mask, chunk, False, window)[0]
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _score_shared(graphdef, chunk: int, window: int, params, prefix_tokens, prefix_mask, row_prefix, tokens, mask):
+    """`_score_window` of rows packed with shared prefixes: [S, Ls] over the rows' suffixes."""
+    return shared_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, row_prefix, tokens, mask, chunk,
+                                    False, window)[0]
+
+
+def data_parallel(run) -> int:
+    """Devices the batch rows are split over (the mesh's data and fsdp axes)."""
+    return int(run.mesh.shape["data"] * run.mesh.shape["fsdp"])
+
+
+def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch:
+    """The update's input for a trimmed mini-batch: with `train.shared_prefix` its rows packed with
+    their shared prompt prefixes (strata_jax/packing.py) when that saves at least a fifth of the
+    tokens through the model, else the mini-batch itself. Both give the same update up to float
+    rounding (tests/test_train_shared_prefix.py)."""
+    if not run.config.train.shared_prefix:
+        return mb
+    packed = pack_shared(mb, int(run.config.train.micro_batches), data_parallel(run), run.config.train.length_buckets)
+    return mb if packed is None else packed[0]
+
+
 def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
     """The rollout's TokenBatch with ref_logp (the reference params') and old_logp (`params'`
     re-scored with train.recompute_old_logp, else the sampler's own) filled in, 0 off the loss."""
@@ -68,26 +93,51 @@ def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
 def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """Teacher-forced log-probs [S, L] (0 off the loss) of the rows that have loss tokens.
 
-    Rows are scored in length order, mini-batch-sized chunks each cut to its own length bucket:
-    attention costs ~ length^2 here, so a chunk of short rows must not pay for the longest row.
+    Rows are scored in mini-batch-sized chunks, each cut to its own length bucket: attention costs
+    ~ length^2 here, so a chunk of short rows must not pay for the longest row. The chunks take
+    the rows in length order, or with `train.shared_prefix` in token order (rows that share a
+    prompt prefix become neighbours) and each chunk runs its shared prefixes once when that saves
+    at least a fifth of its tokens (`update_batch`).
     """
     rows = int(run.config.train.mini_batch_rows)
     buckets = run.config.train.length_buckets
+    chunk = int(run.config.train.logprob_chunk)
+    shared = bool(run.config.train.shared_prefix)
     check_window(loss_mask, run.window)
     out = np.zeros(tokens.shape, np.float32)
     live = np.flatnonzero(loss_mask.any(axis=1))
-    order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
+    if shared:
+        order = np.asarray(sorted(live, key=lambda r: tokens[r][mask[r]].tolist()), np.int64)
+    else:
+        order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
     for i in range(0, len(order), rows):
         idx = order[i:i + rows]
         n = len(idx)
-        tk, mk = tokens[idx], mask[idx]
+        tk, mk, lm = tokens[idx], mask[idx], loss_mask[idx]
         if n < rows:  # pad to one shape per bucket
             tk = np.concatenate([tk, np.full((rows - n, tk.shape[1]), run.pad_id, tk.dtype)])
             mk = np.concatenate([mk, np.zeros((rows - n, mk.shape[1]), bool)])
+            lm = np.concatenate([lm, np.zeros((rows - n, lm.shape[1]), bool)])
         w = trim_width(mk, buckets)
-        tk, mk = to_mesh(run, (tk[:, -w:], mk[:, -w:]))
-        lp = _score_window(run.graphdef, int(run.config.train.logprob_chunk), run.window, params, tk, mk)
-        out[idx, -w:] = sharding.fetch_global(lp)[:n]
+        tk, mk, lm = tk[:, -w:], mk[:, -w:], lm[:, -w:]
+        packed = None
+        if shared:
+            zeros = np.zeros(tk.shape, np.float32)
+            tb = TokenBatch(tokens=tk, attention_mask=mk, loss_mask=lm, old_logp=zeros, ref_logp=zeros, advantage=zeros,
+                            row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
+            packed = pack_shared(tb, 1, data_parallel(run), buckets)
+        if packed is None:
+            lp = _score_window(run.graphdef, chunk, run.window, params, *to_mesh(run, (tk, mk)))
+            out[idx, -w:] = sharding.fetch_global(lp)[:n]
+            continue
+        sb, perm = packed  # packed row p is chunk row perm[p]; its suffix is the row's last Ls columns
+        lp = _score_shared(run.graphdef, chunk, run.window, params,
+                           *to_mesh(run, (sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens,
+                                          sb.rows.attention_mask)))
+        lp = sharding.fetch_global(lp)
+        c = min(lp.shape[1], w)
+        real = perm < n
+        out[idx[perm[real]], -c:] = lp[real, -c:]
     return np.where(loss_mask, out, 0.0).astype(np.float32)
 
 

@@ -16,6 +16,9 @@ UB x Tpre + BB x Ts fall below (1 - min_saving) x BB x Tp.
 
 Every row keeps at least one token in its suffix: the prefill's last position gives the first
 sampled token's logits.
+
+The update and the scoring share prefixes too (strata_jax/packing.py): they use `group_rows` and
+`fit_groups` with a suffix bucket of their own and each row's response as its `tail`.
 """
 
 from __future__ import annotations
@@ -84,6 +87,31 @@ def _bucket(n: int, buckets: Sequence[int]) -> int | None:
     return next((int(x) for x in buckets if n <= x), None)
 
 
+def fit_groups(prompts: Sequence[Sequence[int]], groups: list[tuple[list[int], int]], prefix_bucket: int,
+               suffix_bucket: int, min_prefix: int, tails: Sequence[int] | None = None) -> np.ndarray | None:
+    """Each row's split [B] for prefix bucket Tpre and suffix bucket Ts, or None when a row cannot fit.
+
+    `groups` come from `group_rows`. The rows of a group whose suffix fits in Ts after the group's
+    common prefix (cut to Tpre) share that prefix, when there are several of them and it is at
+    least `min_prefix` long; every other row gets a private prefix just long enough for its suffix
+    to fit (0 = no prefix). `tails[b]` (default 0): tokens row b carries after its prompt in the
+    suffix (the update's response), which the split never reaches into.
+    """
+    tails = [0] * len(prompts) if tails is None else tails
+    splits = np.zeros(len(prompts), np.int64)
+    for rows, p in groups:
+        use = min(p, int(prefix_bucket))
+        fits = [r for r in rows if len(prompts[r]) + int(tails[r]) - use <= suffix_bucket]
+        shared = fits if len(fits) > 1 and use >= min_prefix else []
+        splits[shared] = use  # one prefix for the group's rows that fit after it
+        for r in set(rows) - set(shared):  # a private prefix only where the row's suffix would not fit
+            need = len(prompts[r]) + int(tails[r]) - suffix_bucket
+            if need > min(int(prefix_bucket), len(prompts[r]) - 1):
+                return None
+            splits[r] = max(need, 0)
+    return splits
+
+
 def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bucket: int,
                   prefix_buckets: Sequence[int], unique_buckets: Sequence[int], min_prefix: int = 16,
                   min_saving: float = 0.2) -> PrefixPlan | None:
@@ -97,23 +125,8 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bu
         ts = prompt_bucket - int(tpre)
         if ts < 1:
             continue
-        splits = np.zeros(len(prompts), np.int64)
-        feasible = True
-        for rows, p in groups:
-            longest = max(len(prompts[r]) for r in rows)
-            use = min(p, int(tpre))
-            if len(rows) > 1 and use >= min_prefix and longest - use <= ts:
-                splits[rows] = use  # one prefix for the group
-                continue
-            for r in rows:  # a private prefix only where the row's suffix would not fit
-                need = len(prompts[r]) - ts
-                if need > min(int(tpre), len(prompts[r]) - 1):
-                    feasible = False
-                    break
-                splits[r] = max(need, 0)
-            if not feasible:
-                break
-        if not feasible:
+        splits = fit_groups(prompts, groups, int(tpre), ts, min_prefix)
+        if splits is None:
             continue
         keys = [tuple(int(t) for t in prompts[r][: splits[r]]) for r in range(len(prompts))]
         prefixes = sorted(set(keys))

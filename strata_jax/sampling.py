@@ -418,7 +418,7 @@ class Sampler:
         pre_cache = model.init_cache(u, tpre, dtype=dtype)
         _, pre_cache = model(pre_tokens, pre_pos, pre_mask, cache=pre_cache, cache_index=0, last_only=True)
         # Each row's cache: its prefix's keys and values in slots [0, Tpre), the rest empty.
-        cache = jax.tree.map(lambda x: _rows_with_room(x, row_prefix, ts + n), pre_cache)
+        cache = pre_cache.take_rows(row_prefix, ts + n)
         cache = self._constrain_cache(cache)
         suf_mask = c.prompt_mask[:, tpre:]
         pre_len = jnp.sum(c.prompt_mask[:, :tpre], axis=1, dtype=jnp.int32)  # [BB]
@@ -525,16 +525,6 @@ class Sampler:
             return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
         return jax.tree.map(constrain, cache)
-
-
-def _rows_with_room(x: jax.Array, rows: jax.Array, extra: int) -> jax.Array:
-    """Prefix cache [U, K, Tpre, Dh] (or stacked [L, U, K, Tpre, Dh]) -> the rows' caches
-    [B, K, Tpre + extra, Dh]: row b holds prefix rows[b], then `extra` empty slots."""
-    axis = x.ndim - 4  # the batch axis: 0, or 1 under scan_layers
-    picked = jnp.take(x, rows, axis=axis)
-    pad = [(0, 0)] * x.ndim
-    pad[-2] = (0, extra)
-    return jnp.pad(picked, pad)
 
 
 # ------------------------------------------------------------------------------------- score

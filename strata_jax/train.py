@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 from strata_jax.batch import TokenBatch
 from strata_jax.loss import LossConfig, combine_metrics, empty_metrics, finalize_metrics, policy_loss
 from strata_jax.models.heads import token_logprobs
+from strata_jax.packing import SharedBatch
 from strata_jax.sharding import data_sharding, param_shardings, replicated, shard_params
 
 SCHEDULES = ("constant", "warmup_cosine")
@@ -190,6 +191,44 @@ def sequence_logprobs(graphdef, params, tokens, attention_mask, chunk_size: int 
     """
     model = nnx.merge(graphdef, params)
     hidden, _ = model(tokens, positions_from_mask(attention_mask), attention_mask)  # [S, L, D]
+    return _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window)
+
+
+def shared_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, row_prefix, tokens, attention_mask,
+                             chunk_size: int = 8192, return_entropy: bool = False, window: int | None = None
+                             ) -> tuple[jax.Array, jax.Array | None]:
+    """`sequence_logprobs` of rows whose shared prompt prefixes run once (strata_jax/packing.py).
+
+    prefix_tokens / prefix_mask [U, Tpre] (left-padded), row_prefix [S] (row s continues prefix
+    row_prefix[s]), tokens / attention_mask [S, Ls] the rows' suffixes (left-padded). The prefixes
+    fill a [U, Tpre] KV cache once; each row gets its prefix's keys and values in slots [0, Tpre)
+    and runs its suffix at slots [Tpre, Tpre + Ls) against them, at positions that continue from
+    the prefix's real length, so every suffix token sees the keys, values and RoPE position it has
+    in the unshared row. Gradients flow through the gather into the prefix pass.
+
+    Returns [S, Ls] (and the entropy): the unshared row's log-probs at every suffix token but the
+    first real one (its predecessor is the prefix's last token; `pack_shared` leaves a prompt
+    token there, never a loss token). `window` as in `sequence_logprobs`, over the suffix columns.
+    """
+    model = nnx.merge(graphdef, params)
+    u, tpre = prefix_tokens.shape
+    ls = tokens.shape[1]
+    cache = model.init_cache(u, tpre)
+    # Static cache_index 0: the prefixes attend among themselves; last_only: their hidden states
+    # are not needed, only the keys and values every layer writes.
+    _, cache = model(prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0,
+                     last_only=True)
+    cache = cache.take_rows(row_prefix, ls)  # per layer [S, K, Tpre + Ls, Dh]
+    pre_mask = jnp.take(prefix_mask, row_prefix, axis=0)  # [S, Tpre]
+    pre_len = jnp.sum(pre_mask, axis=1, dtype=jnp.int32)  # [S]
+    positions = pre_len[:, None] + positions_from_mask(attention_mask)  # [S, Ls]
+    mask = jnp.concatenate([pre_mask, attention_mask.astype(jnp.bool_)], axis=1)  # [S, Tpre + Ls]
+    hidden, _ = model(tokens, positions, mask, cache=cache, cache_index=tpre)  # [S, Ls, D]
+    return _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window)
+
+
+def _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window):
+    """Shifted log-probs (and entropy) [S, L] of tokens from hidden [S, L, D]; see sequence_logprobs."""
     length = tokens.shape[1]
     w = length - 1 if window is None else min(int(window), length - 1)
     logp, ent = token_logprobs(hidden[:, -w - 1:-1], model.unembed_kernel(), tokens[:, -w:], chunk_size,
@@ -207,11 +246,12 @@ def _global_norm(tree) -> jax.Array:
     return tree_api.norm(tree) if tree_api is not None and hasattr(tree_api, "norm") else optax.global_norm(tree)
 
 
-def _split_micro(batch: TokenBatch, k: int) -> TokenBatch:
+def _split_micro(batch: TokenBatch | SharedBatch, k: int) -> TokenBatch | SharedBatch:
     """[S, ...] -> [k, S / k, ...]; micro-batch j takes rows j, j + k, ... .
 
     Strided rather than blocked: with S split over devices in contiguous blocks (and S divisible
-    by k * devices), every micro-batch stays spread over all devices with no data movement.
+    by k * devices), every micro-batch stays spread over all devices with no data movement. A
+    SharedBatch's prefixes split the same way (strata_jax/packing.py lays them out for it).
     """
     def one(x):
         x = x.reshape(x.shape[0] // k, k, *x.shape[1:])
@@ -220,7 +260,10 @@ def _split_micro(batch: TokenBatch, k: int) -> TokenBatch:
     return jax.tree.map(one, batch)
 
 
-def _check_batch(batch: TokenBatch, micro_batches: int, n_data: int) -> None:
+def _check_batch(batch: TokenBatch | SharedBatch, micro_batches: int, n_data: int) -> None:
+    if isinstance(batch, SharedBatch):
+        _check_shared(batch, micro_batches, n_data)
+        batch = batch.rows
     s, length = batch.tokens.shape
     for name in ("attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage"):
         if getattr(batch, name).shape != (s, length):
@@ -233,6 +276,22 @@ def _check_batch(batch: TokenBatch, micro_batches: int, n_data: int) -> None:
                          f"data-parallel devices={n_data} (pad with row_valid=False rows)")
 
 
+def _check_shared(batch: SharedBatch, micro_batches: int, n_data: int) -> None:
+    if batch.micro_batches != micro_batches:
+        raise ValueError(f"SharedBatch packed for micro_batches={batch.micro_batches}, but the step runs "
+                         f"micro_batches={micro_batches} (its row_prefix indexes each micro-batch's own prefixes)")
+    u = batch.prefix_tokens.shape[0]
+    if batch.prefix_tokens.ndim != 2 or batch.prefix_mask.shape != batch.prefix_tokens.shape:
+        raise ValueError(f"SharedBatch.prefix_tokens / prefix_mask: expected one [U, Tpre] shape, got "
+                         f"{batch.prefix_tokens.shape} / {batch.prefix_mask.shape}")
+    if u % (micro_batches * n_data):
+        raise ValueError(f"SharedBatch prefixes U={u} must be divisible by micro_batches={micro_batches} x "
+                         f"data-parallel devices={n_data}")
+    if batch.row_prefix.shape != batch.rows.row_valid.shape:
+        raise ValueError(f"SharedBatch.row_prefix: expected [{batch.rows.row_valid.shape[0]}], got "
+                         f"{batch.row_prefix.shape}")
+
+
 class TrainStep:
     """`train_step(state, batch, lam_strategy) -> (state, metrics)`: one jax.jit, state donated.
 
@@ -240,7 +299,10 @@ class TrainStep:
     it is built now, else at the first call (from that call's state). `.jitted` is the jax.jit
     object (for `.lower(...)`). `lam_strategy` is the weight of strategy rows (traced scalar,
     required: StraTA's lambda; any value for flat algorithms, which have no strategy rows).
-    The batch is a global array (multi-host: `sharding.host_local_to_global`) or host numpy.
+    The batch is a global array (multi-host: `sharding.host_local_to_global`) or host numpy: a
+    TokenBatch, or a SharedBatch (strata_jax/packing.py, packed for this step's micro_batches and
+    data-parallel size), whose update equals its TokenBatch's up to float rounding. Each batch
+    shape, and each of the two kinds, compiles its own program.
     """
 
     def __init__(self, step_fn: Callable, mesh: Mesh, rules, micro_batches: int,
@@ -254,7 +316,7 @@ class TrainStep:
         return jax.jit(self._fn, in_shardings=(state_sh, data_sharding(self.mesh), repl),
                        out_shardings=(state_sh, repl), donate_argnums=(0,), compiler_options=self._options)
 
-    def __call__(self, state: TrainState, batch: TokenBatch, lam_strategy):
+    def __call__(self, state: TrainState, batch: TokenBatch | SharedBatch, lam_strategy):
         # checked here too: jit validates the input shardings before tracing would reach it
         _check_batch(batch, self.micro_batches, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if self.jitted is None:
@@ -286,26 +348,38 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     jits: pure, so it can also be vmapped over a stacked [K] state and batch (rollout/population.py).
     The sharding constraints inside it name mesh axes per copy; under vmap the copy axis stays
     unconstrained (replicated).
+
+    The batch is a TokenBatch or a SharedBatch (`shared_sequence_logprobs` then runs its prefixes
+    once per micro-batch); the loss (sum, count), metrics and gradient are the same up to float
+    rounding. rollout/population.py vmaps it over TokenBatches only (the copies' packed shapes
+    would differ).
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     n_data = mesh.shape["data"] * mesh.shape["fsdp"]
     dsh = data_sharding(mesh)
 
-    def micro_grads(params, mb: TokenBatch, lam):
+    def micro_grads(params, mb: TokenBatch | SharedBatch, lam):
         """Gradient of the loss *sum* on one micro-batch, its count and its metrics."""
+        rows = mb.rows if isinstance(mb, SharedBatch) else mb
+
         def f(p):
-            logp, ent = sequence_logprobs(graphdef, p, mb.tokens, mb.attention_mask, logprob_chunk,
-                                          loss_cfg.needs_entropy, logprob_window)
+            if isinstance(mb, SharedBatch):
+                logp, ent = shared_sequence_logprobs(graphdef, p, mb.prefix_tokens, mb.prefix_mask, mb.row_prefix,
+                                                     rows.tokens, rows.attention_mask, logprob_chunk,
+                                                     loss_cfg.needs_entropy, logprob_window)
+            else:
+                logp, ent = sequence_logprobs(graphdef, p, rows.tokens, rows.attention_mask, logprob_chunk,
+                                              loss_cfg.needs_entropy, logprob_window)
             if ent is not None and not loss_cfg.entropy_bonus:
                 ent = jax.lax.stop_gradient(ent)
-            loss_sum, count, metrics = policy_loss(logp, mb, loss_cfg, lam, ent)
+            loss_sum, count, metrics = policy_loss(logp, rows, loss_cfg, lam, ent)
             return loss_sum, (count, metrics)
 
         (_, (count, metrics)), g = jax.value_and_grad(f, has_aux=True)(params)
         return g, count, metrics
 
-    def step_fn(state: TrainState, batch: TokenBatch, lam):
+    def step_fn(state: TrainState, batch: TokenBatch | SharedBatch, lam):
         _check_batch(batch, micro_batches, n_data)
         p_sh = param_shardings(state.params, mesh, rules)
         mbs = _split_micro(batch, micro_batches)

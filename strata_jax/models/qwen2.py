@@ -289,6 +289,20 @@ class KVCache:
         stack = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
         return stack(self.k), stack(self.v)
 
+    def take_rows(self, rows: jax.Array, extra: int) -> KVCache:
+        """A cache of U prefixes -> the caches of B rows: row b holds prefix rows[b] ([B] int32) in
+        slots [0, Tpre), then `extra` empty slots. Per layer [U, K, Tpre, Dh] -> [B, K, Tpre + extra, Dh]
+        (the shared-prefix prefill of strata_jax/sampling.py and the update's shared_sequence_logprobs;
+        differentiable: the rows' gradients add up in their prefix)."""
+
+        def one(x):
+            axis = x.ndim - 4  # the batch axis: 0, or 1 under scan_layers
+            pad = [(0, 0)] * x.ndim
+            pad[-2] = (0, extra)
+            return jnp.pad(jnp.take(x, rows, axis=axis), pad)
+
+        return jax.tree.map(one, self)
+
 
 def cache_shape(x) -> tuple:
     """(L, B, K, S, Dh) of a stacked cache array or of a tuple of per-layer [B, K, S, Dh] arrays."""
