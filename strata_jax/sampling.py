@@ -50,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from strata_jax import sharding
 from strata_jax.models.heads import token_logprobs
+from strata_jax.models.qwen2 import positions_from_mask
 from strata_jax.prefix import plan_prefixes
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
@@ -397,7 +398,7 @@ class Sampler:
         n = cfg.max_new_tokens
         cache = model.init_cache(b, tp + n, dtype=_dtype(cfg.cache_dtype))
         cache = self._constrain_cache(cache)
-        positions = jnp.maximum(jnp.cumsum(c.prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
+        positions = positions_from_mask(c.prompt_mask)
         mask = jnp.concatenate([c.prompt_mask, jnp.zeros((b, n), jnp.bool_)], axis=1)  # [B, S]
         # Static cache_index 0: attention over the Tp prompt slots only; last_only: the last layer
         # and the norm run on the last position only (its logits are all the prefill needs).
@@ -414,7 +415,7 @@ class Sampler:
         b, ts = suf_tokens.shape
         n = cfg.max_new_tokens
         dtype = _dtype(cfg.cache_dtype)
-        pre_pos = jnp.maximum(jnp.cumsum(pre_mask.astype(jnp.int32), axis=1) - 1, 0)
+        pre_pos = positions_from_mask(pre_mask)
         pre_cache = model.init_cache(u, tpre, dtype=dtype)
         _, pre_cache = model(pre_tokens, pre_pos, pre_mask, cache=pre_cache, cache_index=0, last_only=True)
         # Each row's cache: its prefix's keys and values in slots [0, Tpre), the rest empty.
@@ -422,7 +423,7 @@ class Sampler:
         cache = self._constrain_cache(cache)
         suf_mask = c.prompt_mask[:, tpre:]
         pre_len = jnp.sum(c.prompt_mask[:, :tpre], axis=1, dtype=jnp.int32)  # [BB]
-        suf_pos = pre_len[:, None] + jnp.maximum(jnp.cumsum(suf_mask.astype(jnp.int32), axis=1) - 1, 0)
+        suf_pos = pre_len[:, None] + positions_from_mask(suf_mask)
         mask = jnp.concatenate([c.prompt_mask, jnp.zeros((b, n), jnp.bool_)], axis=1)  # [BB, S]
         hidden, cache = model(suf_tokens, suf_pos, mask, cache=cache, cache_index=tpre, last_only=True)
         return self._first_token(model, hidden[:, -1], cache, c, rng)
@@ -538,7 +539,7 @@ def teacher_forced_logprobs(model: Any, tokens: jax.Array, attention_mask: jax.A
     heads.token_logprobs so the [B, L, V] logits are never materialised.
     """
     mask = attention_mask.astype(jnp.bool_)
-    positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+    positions = positions_from_mask(mask)
     hidden, _ = model(tokens, positions, mask)
     logp, _ = token_logprobs(hidden[:, :-1], model.unembed_kernel(), tokens[:, 1:], chunk_size)
     logp = jnp.where(mask[:, 1:] & mask[:, :-1], logp, 0.0)  # [B, L-1]

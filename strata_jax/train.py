@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 from strata_jax.batch import TokenBatch
 from strata_jax.loss import LossConfig, combine_metrics, empty_metrics, finalize_metrics, policy_loss
 from strata_jax.models.heads import token_logprobs
+from strata_jax.models.qwen2 import positions_from_mask
 from strata_jax.packing import SharedBatch
 from strata_jax.sharding import data_sharding, param_shardings, replicated, shard_params
 
@@ -171,11 +172,6 @@ def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradi
 
 # ----------------------------------------------------------------------------------------------
 # Forward: per-token log-probs
-
-
-def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-    """[S, L] i32: left padding -> positions = max(cumsum(mask) - 1, 0)."""
-    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
 def sequence_logprobs(graphdef, params, tokens, attention_mask, chunk_size: int = 8192,

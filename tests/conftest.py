@@ -12,7 +12,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # One persistent compilation cache for the whole session, its xdist workers and the launch.py
 # subprocesses they start (rollout/jit_cache.py): the many small runs compile the same programs.
 # STRATA_JIT_CACHE=0 turns it off.
-if os.environ.get("STRATA_JIT_CACHE", "").strip().lower() not in ("0", "off", "none", "false"):
+from rollout.jit_cache import OFF as JIT_CACHE_OFF  # noqa: E402 (jax-free; before jax is imported)
+
+if os.environ.get("STRATA_JIT_CACHE", "").strip().lower() not in JIT_CACHE_OFF:
     import tempfile
 
     os.environ.setdefault("STRATA_JIT_CACHE", os.path.join(tempfile.gettempdir(), "strata_jax_test_jit_cache"))

@@ -61,6 +61,12 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     return inv
 
 
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """[B, T] i32 RoPE positions of left-padded rows: a row's real tokens sit at 0 .. n - 1, its
+    padding at 0 (max(cumsum(mask) - 1, 0)). The sampler, the scoring and the update all use it."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
 def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
     """positions [B, T] -> cos, sin [B, T, Dh] f32 (the two halves repeated, HF convention)."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, Dh/2]
