@@ -1,6 +1,6 @@
 """What a workdir's model does on the held-out tasks: one evaluation, every trajectory's text saved.
 
-    python bench/eval_dump.py runs/tiny_household [--temperature 0.4]
+    python bench/eval_dump.py runs/tiny_household [--temperature 0.4] [--tasks 256]
 
 Prints one line: success and how the failures split (lost with every action valid, with some
 invalid, with all invalid), and writes `eval_dump_T{temperature}.json` into the workdir (the
@@ -37,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("workdir")
     ap.add_argument("--temperature", type=float, default=None, help="default: the config's eval_temperature")
+    ap.add_argument("--tasks", type=int, default=None, help="default: the config's eval.num_tasks")
     args = ap.parse_args()
     from rollout.evaluate import evaluation_rollout
     from rollout.run import Run
@@ -45,8 +46,16 @@ def main() -> None:
     wd = pathlib.Path(args.workdir)
     # the run's saved values over today's defaults, so a run saved before a key existed still loads
     config = _merge(base_config(), json.loads((wd / "config.json").read_text()))
+    if args.tasks is not None:
+        config.eval.num_tasks = int(args.tasks)
+        buckets = sorted(config.sampling.batch_buckets)
+        while buckets[-1] < args.tasks:  # the held-out tasks are sampled in one call
+            buckets.append(2 * buckets[-1])
+        config.sampling.batch_buckets = tuple(buckets)
     temp = float(config.sampling.eval_temperature if args.temperature is None else args.temperature)
+    saved_config = (wd / "config.json").read_text()
     run = Run(config, wd, for_training=False)
+    (wd / "config.json").write_text(saved_config)  # Run records its config; keep the run's own record
     tasks = eval_tasks(config, num_tasks(config, config.env.eval_split))
     envs = make_envs(config, len(tasks), config.env.eval_split)
     res = evaluation_rollout(run, envs, tasks, temp)  # what `launch.py eval` runs, same keys
@@ -55,7 +64,7 @@ def main() -> None:
         bad = sum(s.get("reason") is not None for s in tr["steps"])
         kinds["won" if tr["won"] else "lost_all_valid" if bad == 0
               else "lost_all_invalid" if bad == len(tr["steps"]) else "lost_some_invalid"] += 1
-    out = wd / f"eval_dump_T{temp:g}.json"
+    out = wd / (f"eval_dump_T{temp:g}.json" if args.tasks is None else f"eval_dump_T{temp:g}_n{len(tasks)}.json")
     out.write_text(json.dumps(res.texts, indent=1, default=str))
     won = np.asarray(res.traj.won)[:, 0, 0]
     print(f"eval dump: success {won.mean():.3f} on {len(tasks)} tasks at T {temp:g}; "

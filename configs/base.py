@@ -21,6 +21,7 @@ CHOICES = {
     "algo.gigpo_norm": ("std", "mean"),
     "algo.seg_norm": ("mean", "std"),
     "algo.invalid_penalty_tokens": ("action", "divergence", "response"),
+    "algo.task_sampling": ("uniform", "by_type"),
     "env.name": ENVS,
     "env.split": ("train", "valid_seen", "valid_unseen"),
     "env.eval_split": ("train", "valid_seen", "valid_unseen"),
@@ -43,6 +44,10 @@ def base_config() -> mlc.ConfigDict:
     a = c.algo = mlc.ConfigDict()
     a.name = "strata"  # one of ALGOS
     a.tasks_per_iter = 16  # P
+    # How an iteration's P task seeds are drawn: "uniform" over the training seeds, or "by_type"
+    # (household): the task types in turn, so every update sees each type as often as the others
+    # (issue #13: updates on one type's groups moved success away from the others).
+    a.task_sampling = "uniform"
     a.group_size = 8  # G, trajectories per task for flat algorithms (N = 1, M = G)
     a.num_strategies = 4  # N (StraTA)
     a.traj_per_strategy = 8  # M (StraTA)
@@ -164,6 +169,17 @@ def base_config() -> mlc.ConfigDict:
     # strategy share their intro, task, strategy and start memory). The population update
     # (`ablate --train`) runs unshared.
     t.shared_prefix = True
+    # PPO-ptx (InstructGPT), as interleaved steps: before every policy-update mini-batch, one step on
+    # ptx_coef x the mean NLL of `ptx_rows` demonstration rows (the warm start's own demonstrations,
+    # of every task type), through the same optimiser. Solved tasks have zero advantage, so nothing
+    # else holds them while RL moves the policy for the tasks that do have signal (docs/RESULTS.md,
+    # issue #13's fourth round). 0 = off.
+    t.ptx_coef = 0.0
+    t.ptx_rows = 16
+    t.ptx_tasks = 256  # demonstration tasks the ptx rows are drawn from (the SFT split's first ones)
+    # False: the update runs its ptx steps only, no policy-gradient step (the control that shows
+    # what RL adds on top of continued SFT); needs ptx_coef > 0.
+    t.rl_update = True
 
     # --- SFT warm start -------------------------------------------------------------------------
     f = c.sft = mlc.ConfigDict()
@@ -284,6 +300,18 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         if not b or not ints or list(b) != sorted(set(b)) or b[0] < 1:
             raise ConfigError(f"config.{key}={b!r} must be strictly ascending positive ints")
     _validate_mesh(c)
+    if c.algo.task_sampling == "by_type" and c.env.name != "household":
+        raise ConfigError(f"config.algo.task_sampling='by_type' is only wired for env.name='household', "
+                          f"not {c.env.name!r}")
+    if c.train.ptx_coef < 0 or c.train.ptx_rows < 1 or c.train.ptx_tasks < 1:
+        raise ConfigError(f"config.train.ptx_coef={c.train.ptx_coef!r} must be >= 0 and train.ptx_rows="
+                          f"{c.train.ptx_rows!r} / train.ptx_tasks={c.train.ptx_tasks!r} >= 1")
+    if c.train.ptx_coef > 0 and c.env.name not in ("household", "shop", "doors") and not c.sft.demos:
+        raise ConfigError(f"config.train.ptx_coef={c.train.ptx_coef!r} needs demonstrations: env.name="
+                          f"{c.env.name!r} has no built-in expert, so set config.sft.demos (JSONL)")
+    if not c.train.rl_update and c.train.ptx_coef <= 0:
+        raise ConfigError("config.train.rl_update=False leaves the update nothing to do: it is the ptx-only "
+                          "control and needs config.train.ptx_coef > 0")
     if c.train.micro_batches > c.train.mini_batch_rows or c.train.mini_batch_rows % c.train.micro_batches:
         raise ConfigError(
             f"config.train.micro_batches={c.train.micro_batches} must divide "

@@ -77,20 +77,29 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     rows = int(config.train.mini_batch_rows)
     sums: dict[str, float] = {}
     n_steps = no_signal = model_tokens = 0
+    ptx_nll: list[float] = []
+    # the ptx rows of an iteration depend on (seed, iteration) only: a resumed run draws the same
+    ptx_rng = np.random.default_rng([int(config.seed), iteration, 0x9F7])
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
+        if run.ptx_step is not None:  # PPO-ptx: one demonstration step per mini-batch, signal or not
+            pk = to_mesh(run, run.ptx.batch(ptx_rng))
+            run.state, nll = run.ptx_step(run.state, pk["tokens"], pk["attention_mask"], pk["loss_mask"],
+                                          float(config.train.ptx_coef))
+            ptx_nll.append(float(jax.device_get(nll)))
         if config.train.skip_no_signal and not has_signal(mb):
             no_signal += 1
             continue
-        mb = trim_rows(mb, config.train.length_buckets)
-        check_window(np.asarray(mb.loss_mask), run.window)
-        mb = update_batch(run, mb)  # shared prompt prefixes split off (train.shared_prefix)
-        model_tokens += mb.model_tokens if isinstance(mb, SharedBatch) else int(np.prod(mb.tokens.shape))
-        # Every process cut the same mini-batches from the same gathered batch (same seed).
-        run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))
-        m = jax.device_get(m)
-        n_steps += 1
-        for k, v in m.items():
-            sums[k] = sums.get(k, 0.0) + float(np.asarray(v))
+        if config.train.rl_update:
+            mb = trim_rows(mb, config.train.length_buckets)
+            check_window(np.asarray(mb.loss_mask), run.window)
+            mb = update_batch(run, mb)  # shared prompt prefixes split off (train.shared_prefix)
+            model_tokens += mb.model_tokens if isinstance(mb, SharedBatch) else int(np.prod(mb.tokens.shape))
+            # Every process cut the same mini-batches from the same gathered batch (same seed).
+            run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))
+            m = jax.device_get(m)
+            n_steps += 1
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + float(np.asarray(v))
     times["update"] = time.perf_counter() - t3
     # Gather the new params for the samplers now, on every process together, so that process 0
     # can evaluate alone after this step without waiting in a collective (docs/TPU.md).
@@ -102,6 +111,9 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     gen_tok = run.policy.tokens_generated - tok0
     row["time/sample_tok_s"] = gen_tok / max(run.policy.sample_seconds - s0, 1e-9)
     row["time/train_tok_s"] = float(np.asarray(tb.attention_mask).sum()) / max(times["update"], 1e-9)
+    if ptx_nll:
+        row["update/ptx_nll"] = float(np.mean(ptx_nll))  # the demonstrations' NLL before each ptx step
+        row["update/ptx_steps"] = len(ptx_nll)
     row["time/update_model_tokens"] = model_tokens  # padded token slots the update ran (shared prefixes once)
     for k, v in times.items():
         row[f"time/{k}_s"] = v

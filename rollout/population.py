@@ -203,6 +203,9 @@ class Population:
         if jax.process_count() > 1:
             raise ValueError("ablate --train runs in one process (the copies' rollouts are a host loop); "
                              f"got jax.process_count()={jax.process_count()}")
+        if float(config.train.ptx_coef) > 0 or not config.train.rl_update:
+            raise ValueError("ablate --train has no ptx steps (config.train.ptx_coef / rl_update): its vmapped "
+                             "update is the policy loss alone; run ptx as separate `launch.py` runs")
         self.grid = parse_train_grid(specs)
         self.workdir = pathlib.Path(workdir)
         self.config = config

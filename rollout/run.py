@@ -72,6 +72,14 @@ class Run:
                                               micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
                                               logprob_window=self.window)
         self.adv_params = advantage_params(config)
+        self.ptx = self.ptx_step = None
+        if for_training and float(t.ptx_coef) > 0:
+            from rollout.warmstart import PtxDemos
+            from strata_jax.sft import make_ptx_step
+
+            self.ptx = PtxDemos(config, self.tokenizer, self.pad_id)
+            self.ptx_step = make_ptx_step(graphdef, self.optimizer, self.mesh, chunk=int(t.logprob_chunk),
+                                          window=self.ptx.window)
 
     def _policy_params(self):
         """The sampler's params for the current train state. Several processes: a local replica

@@ -100,10 +100,32 @@ def num_tasks(config, split: str) -> int | None:
 
 
 def train_tasks(config, iteration: int, n_train: int | None) -> list[int]:
-    """The P task seeds of an iteration: a pure function of (seed, iteration)."""
+    """The P task seeds of an iteration: a pure function of (seed, iteration).
+
+    `algo.task_sampling="by_type"` (household): task j of iteration i has type
+    types[((i - 1) * P + j) mod len(types)], the first seed of the iteration's random stream that
+    has it, so the types take turns across the run and within each update.
+    """
     rng = np.random.default_rng([int(config.seed), int(iteration), 17])
     hi = int(config.env.eval_seed_offset) if n_train is None else int(n_train)
-    return [int(s) for s in rng.choice(hi, size=int(config.algo.tasks_per_iter), replace=hi < config.algo.tasks_per_iter)]
+    p = int(config.algo.tasks_per_iter)
+    if config.algo.task_sampling == "uniform":
+        return [int(s) for s in rng.choice(hi, size=p, replace=hi < p)]
+    from rollout.envs.household_world import reachable_types, task_type_of
+
+    lo, hi_len = int(config.env.horizon_min), int(config.env.horizon_max)
+    types = reachable_types(lo, hi_len)
+    want = [types[((int(iteration) - 1) * p + j) % len(types)] for j in range(p)]
+    out: list[int] = []
+    for t in want:
+        for _ in range(100 * len(types) * 8):
+            s = int(rng.integers(hi))
+            if s not in out and task_type_of(s, lo, hi_len) == t:
+                out.append(s)
+                break
+        else:
+            raise ValueError(f"no training seed below {hi} has task type {t!r}")
+    return out
 
 
 def eval_tasks(config, n_eval: int | None) -> list[int]:

@@ -124,3 +124,28 @@ def sft_batch(groups: dict[int, np.ndarray], b: int, rng: np.random.Generator) -
     k = keys[int(rng.choice(len(keys), p=sizes / sizes.sum()))]
     g = groups[k]
     return k, g[rng.choice(len(g), size=b, replace=len(g) < b)]
+
+
+class PtxDemos:
+    """The demonstration rows of the update's ptx steps (`config.train.ptx_coef`): the warm start's
+    own demonstrations (`sft_rows` on the SFT split's first `train.ptx_tasks` tasks, or the
+    `sft.demos` JSONL), drawn by length bucket as SFT draws them."""
+
+    def __init__(self, config, tokenizer, pad_id: int):
+        from rollout.demos import sft_rows
+
+        if config.sft.demos:
+            rows = _read_jsonl_demos(config.sft.demos, tokenizer)
+        else:
+            rows = sft_rows(config, tokenizer, range(int(config.train.ptx_tasks)), float(config.sft.judge_share))
+        if not rows:
+            raise ValueError("config.train.ptx_coef > 0, but the demonstrations gave no rows")
+        self.rows, self.pad_id, self.b = rows, pad_id, int(config.train.ptx_rows)
+        self.groups = length_groups([len(p) + len(r) for p, r in rows], config.train.length_buckets)
+        self.window = max(len(r) for _, r in rows)  # every row ends with its response
+
+    def batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        length, idx = sft_batch(self.groups, self.b, rng)
+        return pad_token_rows([self.rows[i][0] for i in idx], [self.rows[i][1] for i in idx],
+                              [np.zeros(len(self.rows[i][1]), np.float32) for i in idx], length, self.b,
+                              pad_id=self.pad_id)

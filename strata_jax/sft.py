@@ -2,6 +2,11 @@
 
 Rows use the TokenBatch layout (left-padded prompt + response, `loss_mask` on the response), so
 the same bucketing and padding code serves SFT and RL.
+
+`make_ptx_step` is the same loss as a step on the RL TrainState (InstructGPT's PPO-ptx, run as
+interleaved steps): `coef x` the demonstrations' mean NLL, through the RL run's own optimiser, so
+that the behaviours RL has no signal for (solved tasks: zero advantage) keep a gradient that holds
+them.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 
-from strata_jax.train import sequence_logprobs
+from strata_jax.sharding import data_sharding, param_shardings, replicated
+from strata_jax.train import TrainState, sequence_logprobs, train_state_shardings
 
 
 def nll(params, graphdef, tokens, attention_mask, loss_mask, chunk, window=None):
@@ -34,5 +41,41 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, chunk: int 
         loss, grads = jax.value_and_grad(nll)(params, graphdef, tokens, attention_mask, loss_mask, chunk, window)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def make_ptx_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None,
+                  chunk: int = 8192, window: int | None = None):
+    """`ptx_step(state, tokens, attention_mask, loss_mask, coef) -> (state, nll)`: one optimiser step
+    of the RL TrainState on `coef x` the mean response-token NLL of demonstration rows [S, L].
+
+    The same optimiser (and so the same Adam moments and clipping) as the policy update; `step`
+    and `skipped` are the policy update's counters and stay as they are. A non-finite loss leaves
+    the state unchanged. Jitted with the state's shardings, state donated; rows split over the data
+    axes (S must divide by the data-parallel size).
+    """
+
+    def fn(state: TrainState, tokens, attention_mask, loss_mask, coef):
+        p_sh = param_shardings(state.params, mesh, rules)
+        loss, grads = jax.value_and_grad(nll)(state.params, graphdef, tokens, attention_mask, loss_mask, chunk, window)
+        grads = jax.tree.map(lambda g: coef * g, grads)
+
+        def update(params, opt_state):
+            updates, new_opt = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt
+
+        ok = jnp.isfinite(loss) & (coef > 0)
+        params, opt_state = jax.lax.cond(ok, update, lambda p, o: (p, o), state.params, state.opt_state)
+        return state.replace(params=jax.lax.with_sharding_constraint(params, p_sh), opt_state=opt_state), loss
+
+    jitted = {}
+
+    def step(state: TrainState, tokens, attention_mask, loss_mask, coef):
+        if "f" not in jitted:
+            st_sh, dsh, repl = train_state_shardings(state, mesh, rules), data_sharding(mesh), replicated(mesh)
+            jitted["f"] = jax.jit(fn, in_shardings=(st_sh, dsh, dsh, dsh, repl), out_shardings=(st_sh, repl),
+                                  donate_argnums=(0,))
+        return jitted["f"](state, tokens, attention_mask, loss_mask, jnp.asarray(coef, jnp.float32))
 
     return step

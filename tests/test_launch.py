@@ -205,3 +205,27 @@ def test_unbuilt_option_fails_before_any_work(tmp_path):
     assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr)
     assert "config.algo.judge_train=True needs config.judge.samples >= 2" in lines[0]
     assert not (tmp_path / "run").exists()  # no workdir, so no tiny model and no SFT
+
+
+def test_ptx_and_type_stratified_run_resumes_exactly(sft_model, tmp_path):
+    """PPO-ptx steps (`train.ptx_coef`) and type-stratified task sets run through the command line,
+    and a run stopped after iteration 1 continues as the uninterrupted one (the ptx rows of an
+    iteration are a function of (seed, iteration)). The ptx-only control runs no policy step."""
+    extra = ["--config.train.ptx_coef=0.5", "--config.train.ptx_rows=4", "--config.train.ptx_tasks=4",
+             "--config.algo.task_sampling=by_type", "--config.eval.every=0"]
+    common = [*CONFIG, *SMALL, *extra, f"--config.model.path={sft_model}"]
+    launch(*common, "--config.iterations=2", "--workdir", str(tmp_path / "straight"))
+    launch(*common, "--config.iterations=1", "--workdir", str(tmp_path / "split"))
+    launch(*common, "--config.iterations=2", "--workdir", str(tmp_path / "split"))
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
+    for r in straight[1:]:
+        assert r["update/ptx_steps"] >= 1 and np.isfinite(r["update/ptx_nll"]) and r["update/ptx_nll"] > 0
+    a, b = split[-1], straight[-1]
+    assert a["iteration"] == b["iteration"] == 2
+    for k in [k for k in b if not k.startswith("time/")]:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+    launch(*common, "--config.iterations=1", "--config.train.rl_update=False", "--workdir", str(tmp_path / "ctrl"))
+    ctrl = metrics(tmp_path / "ctrl")[-1]
+    first = next(r for r in straight if r["iteration"] == 1)  # the same rollout, so the same mini-batches
+    assert ctrl["iteration"] == 1 and ctrl["update/steps"] == 0
+    assert ctrl["update/ptx_steps"] == first["update/ptx_steps"]

@@ -150,6 +150,16 @@ def sample_task(rng: random.Random, lo: int, hi: int, types: tuple[str, ...]):
     return task_type, dict(feats)
 
 
+def reachable_types(lo: int, hi: int, types: tuple[str, ...] = TASK_TYPES) -> tuple[str, ...]:
+    """The task types with at least one shortest-plan length in [lo, hi], in TASK_TYPES order."""
+    return tuple(t for t in types if any(lo <= f["length"] <= hi for f in FEATURES[t]))
+
+
+def task_type_of(seed: int, lo: int, hi: int, types: tuple[str, ...] = TASK_TYPES) -> str:
+    """The task type `generate(seed, lo, hi, types, ...)` draws, without building the world."""
+    return sample_task(random.Random(f"household-{seed}"), lo, hi, types)[0]
+
+
 def generate(seed: int, lo: int, hi: int, types: tuple[str, ...], n_extra: int,
               n_distractors: int) -> tuple[Task, World]:
     rng = random.Random(f"household-{seed}")
