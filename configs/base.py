@@ -22,6 +22,7 @@ CHOICES = {
     "algo.seg_norm": ("mean", "std"),
     "algo.invalid_penalty_tokens": ("action", "divergence", "response"),
     "algo.task_sampling": ("uniform", "by_type"),
+    "env.action_format": ("text", "index"),
     "env.name": ENVS,
     "env.split": ("train", "valid_seen", "valid_unseen"),
     "env.eval_split": ("train", "valid_seen", "valid_unseen"),
@@ -92,6 +93,10 @@ def base_config() -> mlc.ConfigDict:
     e.extra_receptacles = 4  # household: filler receptacles beyond the task's own
     e.distractors = 6  # household: unrelated objects placed around the room
     e.reveal_objects = False  # household: the first observation says where the task's objects are
+    # How the agent names its action: "text" = the command itself (ALFWorld's, verl-agent's);
+    # "index" (household) = the number of a command in the prompt's numbered admissible list, so
+    # that no answer in range is inadmissible (text-game agents with a fixed action set choose so).
+    e.action_format = "text"
     e.doors_options = 2  # doors (the learnability test world): doors listed per step; L* from horizon_min/max
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
     e.cache_dir = ""  # alfworld: translated-game cache shared by workers and runs ("" = in memory only)
@@ -300,6 +305,12 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         if not b or not ints or list(b) != sorted(set(b)) or b[0] < 1:
             raise ConfigError(f"config.{key}={b!r} must be strictly ascending positive ints")
     _validate_mesh(c)
+    if c.env.action_format == "index" and c.env.name != "household":
+        raise ConfigError(f"config.env.action_format='index' is only wired for env.name='household' (its "
+                          f"expert answers by number), not {c.env.name!r}")
+    if c.env.action_format == "index" and c.algo.invalid_penalty_tokens == "divergence":
+        raise ConfigError("config.algo.invalid_penalty_tokens='divergence' compares command text; with "
+                          "config.env.action_format='index' the answer is a number: use 'action'")
     if c.algo.task_sampling == "by_type" and c.env.name != "household":
         raise ConfigError(f"config.algo.task_sampling='by_type' is only wired for env.name='household', "
                           f"not {c.env.name!r}")

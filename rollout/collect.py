@@ -62,6 +62,7 @@ class RolloutConfig:
     max_steps: int = 30  # H
     history_length: int = 2
     show_first_observation: bool = True  # repeat the first observation in every later step prompt
+    action_format: str = "text"  # "index": answer with the number of an admissible command
     r_succ: float = 10.0
     # (choice) where an invalid step's penalty lands: "action" = the tokens of the action's content
     # when the command was wrong (inadmissible, too long), the whole response when the format was
@@ -98,6 +99,10 @@ class RolloutConfig:
                      "max_steps", "row_multiple", "judge_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.action_format not in ("text", "index"):
+            raise ValueError(f"RolloutConfig.action_format={self.action_format!r}; choose 'text' or 'index'")
+        if self.action_format == "index" and self.penalty_tokens == "divergence":
+            raise ValueError("RolloutConfig.penalty_tokens='divergence' compares command text; an index answer is a number")
         if self.revise_every < 0:
             raise ValueError(f"RolloutConfig.revise_every={self.revise_every} must be >= 0")
         if self.revise_every and self.mode != "strata":
@@ -134,7 +139,7 @@ class RolloutConfig:
                   revise_every=int(c.algo.revise_every),
                   max_steps=c.env.max_steps, history_length=c.env.history_length,
                   show_first_observation=bool(c.env.show_first_observation),
-                  r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
+                  action_format=str(c.env.action_format), r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
                   penalty_tokens=c.algo.invalid_penalty_tokens,
                   env_reward_in_return=c.env.name in REWARD_IN_RETURN,
                   length_buckets=tuple(c.train.length_buckets),
@@ -353,7 +358,8 @@ def _step_prompt(st: _State, e: int, t: int, cfg: RolloutConfig):
     return prompts.step_prompt(st.task_line[p], st.obs[e], st.admissible[e], st.history[e],
                                strategy=z, step=t, history_length=cfg.history_length,
                                intro=cfg.intro,
-                               first_observation=st.first_obs[p] if cfg.show_first_observation else None)
+                               first_observation=st.first_obs[p] if cfg.show_first_observation else None,
+                               numbered=cfg.action_format == "index")
 
 
 def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> None:
@@ -367,7 +373,8 @@ def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> Non
             _revise(policy, st, cfg, active, t)
         msgs = [_step_prompt(st, e, t, cfg) for e in active]
         gens = _generate(policy, st, msgs, "action", [(*st.pnm(e), t) for e in active])
-        parsed = [parse_action(g.text, st.admissible[e]) for e, g in zip(active, gens)]
+        by_index = cfg.action_format == "index"
+        parsed = [parse_action(g.text, st.admissible[e], by_index=by_index) for e, g in zip(active, gens)]
         outs = _env_call(st, pool.step, active, [pa.action for pa in parsed])
         for e, g, pa, r in zip(active, gens, parsed, outs):
             _record_step(st, e, t, g, pa, to_env_out(r, is_reset=False))

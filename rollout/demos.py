@@ -20,6 +20,7 @@ from rollout.envs.base import TextEnv
 from rollout.envs.household import HouseholdEnv, solve
 from rollout.envs.shop import ShopEnv, expert_plan as shop_plan, expert_strategy as shop_strategy
 from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
+from rollout.prompts import numbered_commands
 
 THINK = "<think>I follow my strategy.</think>"
 
@@ -139,7 +140,13 @@ def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "house
             return f"<strategy>{solved[key[0]][1]}</strategy>"
         if kind == "action":
             p, n, m, t = key
-            return f"{THINK}<action>{walk(p, (p, n, m)).next_action()}</action>"
+            cmd = walk(p, (p, n, m)).next_action()
+            if "Admissible actions: [" in messages[-1]["content"]:  # env.action_format="index"
+                numbers = numbered_commands(messages[-1]["content"])
+                if cmd not in numbers:
+                    raise RuntimeError(f"the expert's command {cmd!r} is not in the numbered admissible list")
+                cmd = str(numbers[cmd])
+            return f"{THINK}<action>{cmd}</action>"
         w = walks.get(tuple(key[:3]))  # judge keys: (p, n, m), or (p, n, m, j) with several samples
         bad = w.detours if w is not None else []
         return f"<bad_steps>{', '.join(map(str, bad)) if bad else 'none'}</bad_steps>"

@@ -64,8 +64,12 @@ def _single_tag(text: str, full: re.Pattern, open_: re.Pattern) -> tuple[str | N
 
 
 def parse_action(text: str, admissible: Sequence[str] | None,
-                 max_chars: int = MAX_ACTION_CHARS) -> ParsedAction:
+                 max_chars: int = MAX_ACTION_CHARS, by_index: bool = False) -> ParsedAction:
     """The single `<action>` of `text`, normalised and checked against `admissible`.
+
+    `by_index` (`env.action_format="index"`): the content must be the 1-based number of a command
+    in `admissible` (the prompt's numbered list), and that command is returned; anything else,
+    a command's text included, is inadmissible.
 
     Returns the admissible command as the environment spells it (so the env gets its own string).
     `admissible=None` accepts any non-empty action (environments without a command list). An
@@ -83,6 +87,12 @@ def parse_action(text: str, admissible: Sequence[str] | None,
         return ParsedAction("", False, EMPTY)
     if len(action) > max_chars:
         return ParsedAction("", False, TOO_LONG)
+    if by_index:
+        if admissible is None:
+            raise ValueError("parse_action(by_index=True) needs the admissible list the numbers refer to")
+        if action.isdigit() and len(action) <= _MAX_INT_DIGITS and 1 <= int(action) <= len(admissible):
+            return ParsedAction(admissible[int(action) - 1], True, None)
+        return ParsedAction("", False, INADMISSIBLE)
     if admissible is None:
         return ParsedAction(action, True, None)
     if action in admissible:  # fast path: environments list their commands normalised already

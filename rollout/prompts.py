@@ -78,13 +78,15 @@ def first_observation_memory(observation: str) -> str:
 def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
                 history: Sequence[tuple[str, str]] = (), strategy: str | None = None,
                 step: int = 0, history_length: int = 2, intro: str = INTRO,
-                first_observation: str | None = None) -> Messages:
+                first_observation: str | None = None, numbered: bool = False) -> Messages:
     """The prompt for step `step` (0-based): task, strategy, start memory, recent steps,
     observation, actions.
 
     `history` is the list of (observation, action) pairs of the steps taken so far, oldest first;
     only the last `history_length` are shown. `first_observation` (the episode's first
     observation) is repeated as a memory line from step 1 on (at step 0 it is the current one).
+    `numbered` (`env.action_format="index"`): the admissible commands are listed as `[k] command`
+    and the answer is the number k.
     """
     lines = [intro, f"Your task is to: {task}"]
     if strategy:
@@ -101,12 +103,34 @@ def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
             lines.append(f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} "
                          f"Action: {_shown_action(act)}")
     lines.append(f"Current observation (step {step + 1}): {_cut(observation, OBS_CHARS)}")
+    about = "the current situation and your strategy" if strategy else "the current situation"
+    if numbered:
+        if admissible is None:
+            raise ValueError("step_prompt(numbered=True) needs the admissible commands")
+        lines.append("Admissible actions: " + " ".join(numbered_list(admissible)))
+        lines.append(f"First reason about {about} inside <think>...</think>, "
+                     "then give the number of exactly one admissible action inside <action>...</action>.")
+        return _user("\n".join(lines))
     if admissible is not None:
         lines.append("Admissible actions: " + ", ".join(f"'{a}'" for a in admissible))
-    about = "the current situation and your strategy" if strategy else "the current situation"
     lines.append(f"First reason about {about} inside <think>...</think>, "
                  "then give exactly one admissible action inside <action>...</action>.")
     return _user("\n".join(lines))
+
+
+def numbered_list(admissible: Sequence[str]) -> list[str]:
+    """`[k] command` for the k-th (1-based) admissible command: the list an index answer refers to."""
+    return [f"[{k}] {a}" for k, a in enumerate(admissible, 1)]
+
+
+_NUMBERED = re.compile(r"\[(\d+)\] ([^\[\n]*?)(?= \[\d+\] |$)", re.MULTILINE)
+
+
+def numbered_commands(prompt_text: str) -> dict[str, int]:
+    """{command: number} of the numbered admissible list in a step prompt's text (the expert
+    demonstrator answers by number from the prompt it is shown, as the model must)."""
+    line = next((ln for ln in prompt_text.splitlines() if ln.startswith("Admissible actions: [")), "")
+    return {m[2].strip(): int(m[1]) for m in _NUMBERED.finditer(line[len("Admissible actions: "):])}
 
 
 def judge_prompt(task: str, strategy: str | None, steps: Sequence[tuple[str, str]],
