@@ -39,7 +39,7 @@ from rollout.envs import INTROS, REWARD_IN_RETURN
 from rollout.envs.vector import SerialEnvPool
 from rollout.policy import Generation, Policy
 from strata_jax import diversity
-from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows
+from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows, smallest_bucket
 
 MODES = ("strata", "flat")
 PENALTY_TOKENS = ("action", "divergence", "response")
@@ -456,9 +456,9 @@ def bucket(n: int, buckets: Sequence[int] | None, minimum: int = 16) -> int:
     """Smallest configured bucket >= n (None: the next power of two >= max(n, minimum))."""
     if buckets is None:
         return 1 << (max(int(n), minimum, 1) - 1).bit_length()
-    for b in sorted(buckets):
-        if b >= n:
-            return int(b)
+    b = smallest_bucket(n, buckets)
+    if b is not None:
+        return b
     raise ValueError(f"a token row of {n} tokens exceeds the largest length bucket {max(buckets)}; "
                      "raise train.length_buckets or shorten prompts / token budgets")
 

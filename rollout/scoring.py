@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from strata_jax import sharding
-from strata_jax.batch import TokenBatch
+from strata_jax.batch import TokenBatch, smallest_bucket
 from strata_jax.packing import SharedBatch, pack_shared
 from strata_jax.train import sequence_logprobs, shared_sequence_logprobs
 
@@ -40,7 +40,8 @@ def trim_width(mask: np.ndarray, buckets) -> int:
     """The smallest length bucket holding every row of `mask` [S, L] (rows are left-padded, so the
     last `width` columns carry all tokens). Cutting a mini-batch to it saves the padding compute."""
     need = int(mask.sum(axis=1).max(initial=1))
-    return next((int(b) for b in sorted(buckets) if b >= need), mask.shape[1])
+    b = smallest_bucket(need, buckets)
+    return mask.shape[1] if b is None else b
 
 
 def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:

@@ -234,6 +234,13 @@ def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: Toke
     return tokens.replace(advantage=adv.astype(jnp.float32))
 
 
+def smallest_bucket(n: int, buckets) -> int | None:
+    """The smallest bucket >= n, or None when n exceeds them all. The one lookup behind every
+    padded shape (sampler prompts and batches, shared prefixes, token rows, update widths); each
+    caller decides what exceeding the largest means (an error, a fallback width)."""
+    return next((int(b) for b in sorted(buckets) if b >= n), None)
+
+
 def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_rows: int,
                    pad_id: int = 0) -> dict[str, np.ndarray]:
     """Pack rows of (prompt, response) into left-padded host arrays for a TokenBatch.

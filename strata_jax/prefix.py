@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from strata_jax.batch import smallest_bucket
+
 
 @dataclasses.dataclass(frozen=True)
 class PrefixPlan:
@@ -83,10 +85,6 @@ def group_rows(prompts: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[
     return groups[::-1]
 
 
-def _bucket(n: int, buckets: Sequence[int]) -> int | None:
-    return next((int(x) for x in buckets if n <= x), None)
-
-
 def fit_groups(prompts: Sequence[Sequence[int]], groups: list[tuple[list[int], int]], prefix_bucket: int,
                suffix_bucket: int, min_prefix: int, tails: Sequence[int] | None = None) -> np.ndarray | None:
     """Each row's split [B] for prefix bucket Tpre and suffix bucket Ts, or None when a row cannot fit.
@@ -130,7 +128,7 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bu
             continue
         keys = [tuple(int(t) for t in prompts[r][: splits[r]]) for r in range(len(prompts))]
         prefixes = sorted(set(keys))
-        ub = _bucket(len(prefixes), unique_buckets)
+        ub = smallest_bucket(len(prefixes), unique_buckets)
         if ub is None:
             continue
         cost = ub * int(tpre) + batch_bucket * ts

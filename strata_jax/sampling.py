@@ -51,6 +51,7 @@ from jax.sharding import Mesh, NamedSharding
 from strata_jax import sharding
 from strata_jax.models.heads import token_logprobs
 from strata_jax.models.qwen2 import positions_from_mask
+from strata_jax.batch import smallest_bucket
 from strata_jax.prefix import plan_prefixes
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
@@ -146,9 +147,9 @@ def power_of_two_buckets(lo: int, hi: int) -> tuple[int, ...]:
 
 def pick_bucket(n: int, buckets: Sequence[int], what: str) -> int:
     """Smallest bucket >= n; a clear error when n exceeds the largest."""
-    for b in buckets:
-        if n <= b:
-            return int(b)
+    b = smallest_bucket(n, buckets)
+    if b is not None:
+        return b
     raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]} (buckets: {tuple(buckets)}); "
                      f"raise the SamplerConfig limit or shorten the input")
 
