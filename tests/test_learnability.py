@@ -16,37 +16,19 @@ import pathlib
 import numpy as np
 import pytest
 
-from configs.base import base_config, validate, with_algo_env
+from configs.base import validate
+from configs.tiny_doors import doors
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 ITERATIONS = 10
 
 
 def doors_config(algo: str, model_path: str = "") -> object:
-    c = with_algo_env(base_config(), algo, "doors")
+    """The user's check (configs/tiny_doors.py) for `algo`, without its evaluations and plots."""
+    c = doors(algo)
+    assert c.iterations == ITERATIONS
     c.seed = 0
-    c.iterations = ITERATIONS
-    c.algo.tasks_per_iter = 8
-    c.algo.group_size = 8
-    c.algo.num_strategies, c.algo.traj_per_strategy, c.algo.oversample = 2, 4, 1
-    c.algo.strategy_budget = 24
-    c.env.horizon_min = c.env.horizon_max = 2
-    c.env.max_steps = 2
-    c.env.doors_options = 2
-    c.env.history_length = 0
-    c.env.show_first_observation = False
     c.model.path = model_path
-    c.model.tiny_hidden, c.model.tiny_layers, c.model.tiny_intermediate = 64, 2, 128
-    c.model.tiny_heads, c.model.tiny_kv_heads, c.model.tiny_vocab = 4, 2, 640
-    c.sampling.max_action_tokens, c.sampling.max_strategy_tokens, c.sampling.max_judge_tokens = 32, 24, 12
-    c.sampling.prompt_buckets = (64, 128, 256, 512)
-    c.sampling.batch_buckets = (16, 32, 64)
-    c.train.length_buckets = (64, 128, 256, 512)
-    c.train.lr = 1e-3
-    c.train.mini_batch_rows = 16
-    c.train.recompute_old_logp = False
-    c.sft.steps, c.sft.lr, c.sft.batch_rows, c.sft.num_tasks = 200, 1e-2, 16, 64
-    c.sft.styles = "both"
     c.eval.every = 0
     c.checkpoint.every = ITERATIONS
     c.log.progress = False
