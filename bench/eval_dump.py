@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 
 import numpy as np
 
-from configs.base import base_config
+from configs.base import PROCEDURAL_ENVS, base_config
 
 
 def _merge(config, saved: dict):
@@ -58,8 +58,8 @@ def main() -> None:
             buckets.append(2 * buckets[-1])
         config.sampling.batch_buckets = tuple(buckets)
     if args.first_seed is not None:
-        if config.env.name not in ("household", "shop", "doors"):  # the others' tasks are a fixed game list
-            ap.error(f"--first-seed needs a procedural world (household, shop, doors), not {config.env.name!r}")
+        if config.env.name not in PROCEDURAL_ENVS:  # the others' tasks are a fixed game list
+            ap.error(f"--first-seed needs a procedural world ({', '.join(PROCEDURAL_ENVS)}), not {config.env.name!r}")
         config.env.eval_seed_offset = int(args.first_seed)
     temp = float(config.sampling.eval_temperature if args.temperature is None else args.temperature)
     saved_config = (wd / "config.json").read_text()

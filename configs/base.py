@@ -15,6 +15,9 @@ ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 ENVS = ("household", "alfworld", "scienceworld", "shop", "doors")
 # Worlds for testing the pipeline, not for studies: no <algo>_<env>.py config files.
 TEST_ENVS = ("doors",)
+# Worlds generated from a seed, with a built-in expert: held-out tasks are the seeds past
+# env.eval_seed_offset, and SFT demonstrations come from the expert (no game files, no sft.demos).
+PROCEDURAL_ENVS = ("household", "shop", "doors")
 CHOICES = {
     "algo.name": ALGOS,
     "algo.milestones": ("facts", "expert_plan"),
@@ -317,7 +320,7 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     if c.train.ptx_coef < 0 or c.train.ptx_rows < 1 or c.train.ptx_tasks < 1:
         raise ConfigError(f"config.train.ptx_coef={c.train.ptx_coef!r} must be >= 0 and train.ptx_rows="
                           f"{c.train.ptx_rows!r} / train.ptx_tasks={c.train.ptx_tasks!r} >= 1")
-    if c.train.ptx_coef > 0 and c.env.name not in ("household", "shop", "doors") and not c.sft.demos:
+    if c.train.ptx_coef > 0 and c.env.name not in PROCEDURAL_ENVS and not c.sft.demos:
         raise ConfigError(f"config.train.ptx_coef={c.train.ptx_coef!r} needs demonstrations: env.name="
                           f"{c.env.name!r} has no built-in expert, so set config.sft.demos (JSONL)")
     if not c.train.rl_update and c.train.ptx_coef <= 0:

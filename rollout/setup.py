@@ -10,6 +10,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from configs.base import PROCEDURAL_ENVS
 from rollout.collect import RolloutConfig
 from strata_jax import sharding
 from strata_jax.advantages.params import AdvantageParams
@@ -44,7 +45,7 @@ def rollout_shards(config) -> int:
 
 def env_kwargs(config, split: str | None = None) -> dict:
     e = config.env
-    if e.name in ("household", "shop", "doors"):
+    if e.name in PROCEDURAL_ENVS:
         from rollout.demos import expert_env_kwargs
 
         return expert_env_kwargs(config)
@@ -88,7 +89,7 @@ def trajectories_per_task(config) -> int:
 
 
 def num_tasks(config, split: str) -> int | None:
-    if config.env.name in ("household", "shop", "doors"):  # procedural: held-out tasks are seeds past eval_seed_offset
+    if config.env.name in PROCEDURAL_ENVS:  # held-out tasks are seeds past eval_seed_offset
         return None
     from rollout.envs import make_env
 

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from configs.base import PROCEDURAL_ENVS
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
 from strata_jax.sft import make_sft_step
@@ -75,7 +76,7 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     tok = load_tokenizer(init_dir)
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)
-    elif config.env.name in ("household", "shop", "doors") or not config.model.path:
+    elif config.env.name in PROCEDURAL_ENVS or not config.model.path:
         rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
         raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
