@@ -1,4 +1,4 @@
-"""The learnability check: does RL on this install make the agent better? (about 3 minutes, CPU)
+"""The learnability check: does RL on this install make the agent better? (about 2 minutes, CPU)
 
     python launch.py --config configs/tiny_doors.py --workdir runs/doors
 
