@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Device benchmarks for a lent GPU (H200): the sampler's decode throughput and roofline share,
-# then the train step (bench/train.py, when that file exists). Each prints one-line figures.
+# Device benchmarks for a lent GPU (H200): the sampler's decode throughput and its share of the
+# HBM roofline (goal >= 60%), then the train step's MFU (goal >= 40%). After each headline figure
+# come variants that place the time by difference: decode with a small vocabulary (the head and
+# sampling), half the layers (per layer), a small batch, and XLA's command buffers (CUDA graphs)
+# around the decode loop's body (launch overhead); the update with cuDNN's fused attention, with
+# and without remat. Each part prints one-line figures, runs under its own time limit, and a
+# failing part does not stop the next. `--smoke` runs the headline parts on tiny shapes on a CPU;
+# tests/test_bench_smoke.py runs it so that the script keeps working.
 #
 #   bash bench/gpu.sh            on the GPU machine (jax with CUDA installed)
 #   bash bench/gpu.sh --smoke    on a CPU: shrunken models, checks that the script runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The GPU image has python3 only; a virtualenv has both.
+PY=$(command -v python || command -v python3)
+PART_LIMIT=${PART_LIMIT:-240}  # seconds per part: a hang costs one part, not the lease
 
 SMOKE=""
 for arg in "$@"; do
@@ -19,17 +28,29 @@ if [ -n "$SMOKE" ]; then
   export JAX_PLATFORMS=cpu
 fi
 
-python -c "import jax; print('jax', jax.__version__, 'devices:', jax.devices())" || { echo "FAILED: jax import"; exit 1; }
-if [ -z "$SMOKE" ] && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
+"$PY" -c "import sys, jax, flax, optax; print('python', sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'devices:', jax.devices())" || { echo "FAILED: jax import"; exit 1; }
+[ -z "$SMOKE" ] && { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true; }
+if [ -z "$SMOKE" ] && ! "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
   echo "bench/gpu.sh: no GPU backend in jax (use --smoke on a CPU)" >&2
   exit 1
 fi
 
 status=0
-python bench/sampler.py --gpu $SMOKE || { echo "FAILED: bench/sampler.py --gpu $SMOKE"; status=1; }
-if [ -f bench/train.py ]; then
-  python bench/train.py --gpu $SMOKE || { echo "FAILED: bench/train.py --gpu $SMOKE"; status=1; }
-else
-  echo "skipped: bench/train.py does not exist yet"
+part() {  # part ARGS...: one benchmark under the time limit; a failure is reported, not fatal
+  echo "== $*"
+  timeout "$PART_LIMIT" "$PY" "$@" || { echo "FAILED (rc $?): $*"; status=1; }
+}
+part bench/sampler.py --gpu $SMOKE
+if [ -z "$SMOKE" ]; then
+  part bench/sampler.py --gpu --vocab 8192
+  part bench/sampler.py --gpu --layers 12
+  part bench/sampler.py --gpu --batch 32
+  XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+    part bench/sampler.py --gpu
+fi
+part bench/train.py --gpu $SMOKE
+if [ -z "$SMOKE" ]; then
+  part bench/train.py --gpu --attention cudnn
+  part bench/train.py --gpu --attention cudnn --no-remat
 fi
 exit $status

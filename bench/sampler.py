@@ -14,7 +14,7 @@ KV cache, batch 256, prompt 128, 128 new tokens. Prints prefill time, decode tok
 decode step's share of the HBM roofline: (bytes of weights + bytes of the valid KV read per step)
 / 4.8 TB/s. --smoke shrinks the model so the same path runs on a CPU in seconds.
 
-    python bench/sampler.py --gpu [--smoke]
+    python bench/sampler.py --gpu [--smoke] [--batch B] [--vocab V] [--layers L]
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ import time
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--gpu", action="store_true", help="0.5B-shaped bf16 model, batch 256, roofline share")
 ARGS.add_argument("--smoke", action="store_true", help="with --gpu: tiny shapes, runs on the CPU")
+ARGS.add_argument("--batch", type=int, default=None, help="--gpu: batch (default 256; smoke 8)")
+ARGS.add_argument("--vocab", type=int, default=None,
+                  help="--gpu: vocabulary instead of the model's (places the head + sampling share by difference)")
+ARGS.add_argument("--profile", default="", help="--gpu: write a jax.profiler trace of one prefill + decode here")
+ARGS.add_argument("--layers", type=int, default=None,
+                  help="--gpu: layers instead of the model's (places the per-layer share by difference)")
 ARGS.add_argument("--batches", default="8,32,128", help="CPU mode: batch sizes")
 ARGS.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is reported)")
 ARGS.add_argument("--cores", type=int, default=1, help="CPU mode: cores the process is pinned to (torch threads)")
@@ -138,14 +144,14 @@ def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats:
 
 def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, float]:
     """Best wall seconds of our prefill and of our decode loop (its new - 1 steps) alone."""
-    args = sampler._prepare(prompts, sp, 1, None)
+    tokens, consts, key, _ = sampler._prepare(prompts, sp, 1, None)
     t_pre, t_dec = float("inf"), float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
-        state = jax.block_until_ready(sampler._prefill(params, *args))
+        state = jax.block_until_ready(sampler._prefill(params, tokens, consts, key))
         t_pre = min(t_pre, time.perf_counter() - t)
         t = time.perf_counter()
-        jax.block_until_ready(sampler._decode(params, state, args[1]))  # donates `state`
+        jax.block_until_ready(sampler._decode(params, state, consts))  # donates `state`
         t_dec = min(t_dec, time.perf_counter() - t)
     return t_pre, t_dec
 
@@ -153,24 +159,28 @@ def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, 
 # ------------------------------------------------------------------------------------------ GPU
 
 
-def bench_gpu(smoke: bool, repeats: int) -> None:
+def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | None = None,
+              layers: int | None = None, profile: str = "") -> None:
     from strata_jax.models.config import ModelConfig
     from strata_jax.models.qwen2 import Decoder
 
-    hf_cfg, batch, prompt_len, new = (SMOKE, 8, 16, 8) if smoke else (QWEN_05B, 256, 128, 128)
+    hf_cfg, default_batch, prompt_len, new = (SMOKE, 8, 16, 8) if smoke else (QWEN_05B, 256, 128, 128)
+    batch = batch or default_batch
+    hf_cfg = dict(hf_cfg, vocab_size=vocab or hf_cfg["vocab_size"],
+                  num_hidden_layers=layers or hf_cfg["num_hidden_layers"])
     cfg = ModelConfig.from_hf(hf_cfg, dtype="bfloat16", param_dtype="bfloat16")
     graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
                                               batch_buckets=(batch,), cache_dtype="bfloat16", pad_id=0))
     prompts = _prompts(batch, prompt_len, cfg.vocab_size)
-    args = sampler._prepare(prompts, SamplingParams(temperature=1.0), 0, None)
+    tokens, consts, key, _ = sampler._prepare(prompts, SamplingParams(temperature=1.0), 0, None)
 
     def prefill():
-        return jax.block_until_ready(sampler._prefill(params, *args))
+        return jax.block_until_ready(sampler._prefill(params, tokens, consts, key))
 
     def decode(state):
-        return jax.block_until_ready(sampler._decode(params, state, args[1]))
+        return jax.block_until_ready(sampler._decode(params, state, consts))
 
     t = time.perf_counter()
     decode(prefill())  # compile both
@@ -183,6 +193,9 @@ def bench_gpu(smoke: bool, repeats: int) -> None:
         out = decode(state)
         times.append(time.perf_counter() - t)
     t_decode = min(times)
+    if profile:  # one more prefill + decode under the profiler (xprof / TensorBoard read the trace)
+        with jax.profiler.trace(profile):
+            decode(prefill())
     lengths = np.asarray(out.lengths)
     assert np.all(lengths == new), lengths
     steps = new - 1  # the first token comes from prefill
@@ -194,7 +207,7 @@ def bench_gpu(smoke: bool, repeats: int) -> None:
     name = "smoke (CPU)" if smoke else jax.devices()[0].device_kind
     print(f"model: qwen2 {'smoke' if smoke else '0.5B-shaped'} L={cfg.num_layers} D={cfg.hidden_size} "
           f"V={cfg.vocab_size}, {weight_bytes / 1e6:.1f} MB bf16 weights; batch {batch}, prompt {prompt_len}, "
-          f"{new} new; device {name}; compile {compile_s:.1f} s")
+          f"{new} new; device {name}; compile {compile_s:.1f} s; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"sampler gpu prefill: {t_prefill * 1e3:.2f} ms for {batch}x{prompt_len} tokens "
           f"({batch * prompt_len / t_prefill:.0f} tok/s)")
     print(f"sampler gpu decode: {batch * steps / t_decode:.0f} tok/s, {step_s * 1e3:.3f} ms/step; "
@@ -204,6 +217,6 @@ def bench_gpu(smoke: bool, repeats: int) -> None:
 
 if __name__ == "__main__":
     if OPTS.gpu:
-        bench_gpu(OPTS.smoke, OPTS.repeats)
+        bench_gpu(OPTS.smoke, OPTS.repeats, OPTS.batch, OPTS.vocab, OPTS.layers, OPTS.profile)
     else:
         bench_cpu([int(b) for b in OPTS.batches.split(",")], repeats=OPTS.repeats, cores=OPTS.cores)

@@ -28,7 +28,7 @@ two losses agree.
 bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
 peak = 989e12 (H200 dense bf16) per device.
 
-    python bench/train.py --gpu [--batch 16] [--length 2048] [--iters 10]
+    python bench/train.py --gpu [--batch 16] [--length 2048] [--iters 10] [--no-remat] [--attention cudnn]
     python bench/train.py --gpu --smoke      # tiny shape, runs on the CPU: checks the code path
 """
 
@@ -268,7 +268,7 @@ def bench_shared(args):
 def bench_gpu(args):
     spec = SMOKE if args.smoke else QWEN2_05B
     cfg = ModelConfig.from_hf(spec, dtype="bfloat16", param_dtype="float32", scan_layers=True,
-                              remat=not args.no_remat)
+                              remat=not args.no_remat, attention=args.attention)
     mesh = sh.make_mesh({"fsdp": -1})
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
     # random init on the devices, already sharded: the 0.5B fp32 params never exist on the host
@@ -278,14 +278,18 @@ def bench_gpu(args):
     b, t = (2, 32) if args.smoke else (args.batch, args.length)
     batch = make_batch(b, t, cfg.vocab_size)
     step, state = _jax_step(graphdef, params, mesh, chunk=args.chunk)
-    sec, _ = _time_steps(step, state, batch, 2 if args.smoke else args.iters)
+    sec, run = _time_steps(step, state, batch, 2 if args.smoke else args.iters)
+    if args.profile:  # two more steps under the profiler (xprof / TensorBoard read the trace)
+        with jax.profiler.trace(args.profile):
+            run(), run()
     tok_s = b * t / sec
     n_dev = mesh.devices.size
     mfu = 6 * n_params * tok_s / (H200_BF16_PEAK * n_dev)
     kind = jax.devices()[0].device_kind
     note = " (smoke: tiny shape, MFU meaningless)" if args.smoke else ""
     print(f"train_step qwen2-0.5B-shape {n_params / 1e6:.1f}M params bf16 B={b} T={t} on {n_dev}x {kind}: "
-          f"{tok_s:,.0f} tok/s, {sec * 1e3:.1f} ms/step, MFU {100 * mfu:.1f}% of 989 TFLOP/s{note}")
+          f"{'remat' if cfg.remat else 'no remat'}, attention {cfg.attention}: {tok_s:,.0f} tok/s, {sec * 1e3:.1f} ms/step, "
+          f"MFU {100 * mfu:.1f}% of 989 TFLOP/s{note}")
 
 
 def main():
@@ -297,6 +301,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="with --gpu: tiny shape on any backend")
     ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-prob head")
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
+    ap.add_argument("--attention", default="einsum", help="--gpu: model.attention (einsum | cudnn | xla)")
+    ap.add_argument("--profile", default="", help="--gpu: write a jax.profiler trace of two steps to this folder")
     ap.add_argument("--all-positions", action="store_true",
                     help="CPU: log-probs of every position on both sides (default: the response window)")
     ap.add_argument("--shared-prefix", action="store_true",

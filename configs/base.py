@@ -119,6 +119,7 @@ def base_config() -> mlc.ConfigDict:
     m.param_dtype = "float32"
     m.scan_layers = False
     m.remat = False
+    m.attention = "einsum"  # "cudnn": fused flash attention for the update and prefill (GPU, bf16)
     m.tiny_hidden = 64
     m.tiny_layers = 2
     m.tiny_heads = 4

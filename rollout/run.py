@@ -41,7 +41,8 @@ class Run:
         self.model_path = model_dir(config, self.workdir, self.mesh)
         (graphdef, params), self.mcfg = load_hf_model(
             self.model_path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=self.mesh,
-            scan_layers=bool(config.model.scan_layers), remat=bool(config.model.remat), split=True)
+            scan_layers=bool(config.model.scan_layers), remat=bool(config.model.remat),
+            attention=str(config.model.attention), split=True)
         self.graphdef = graphdef
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)

@@ -31,3 +31,42 @@ def test_linear_matches_dot_general(x_shape, w_shape, n_in):
     np.testing.assert_allclose(gw, rw, rtol=1e-5, atol=1e-5)
     assert gw.shape == w.shape and gx.shape == x.shape
 
+
+
+def test_bf16_inputs_with_f32_output():
+    """out_dtype=f32 on bf16 operands: the value is the f32 product of the bf16 values (exact
+    products, f32 sums), and the gradients are the bf16-rounded incoming gradient's products."""
+    r = np.random.default_rng(1)
+    x = jnp.asarray(r.normal(size=(3, 5, 16)), jnp.bfloat16)
+    w = jnp.asarray(r.normal(size=(16, 24)), jnp.bfloat16)
+    ct = jnp.asarray(r.normal(size=(3, 5, 24)), jnp.float32)
+    y = linear(x, w, 1, jnp.float32)
+    assert y.dtype == jnp.float32
+    x32, w32 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    np.testing.assert_allclose(np.asarray(y), x32 @ w32, rtol=1e-6, atol=1e-5)
+    gx, gw = jax.grad(lambda x, w: jnp.sum(linear(x, w, 1, jnp.float32) * ct), argnums=(0, 1))(x, w)
+    assert gx.dtype == jnp.bfloat16 and gw.dtype == jnp.bfloat16
+    ct16 = np.asarray(ct.astype(jnp.bfloat16), np.float64)
+    np.testing.assert_allclose(np.asarray(gx, np.float64), ct16 @ w32.T, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(gw, np.float64), np.einsum("btd,btv->dv", x32, ct16), rtol=1e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_token_logprobs_against_full_log_softmax(dtype):
+    """Chunked head (vocab 50 in chunks of 16, so the last chunk is padded) against a plain
+    float64 log-softmax of the same products: hidden and kernel rounded to the compute dtype,
+    as the sampler's head sees them."""
+    from strata_jax.models.heads import token_logprobs
+
+    r = np.random.default_rng(2)
+    h = jnp.asarray(r.normal(size=(2, 7, 12)), dtype)
+    w = jnp.asarray(r.normal(size=(12, 50)) * 0.5, jnp.float32)  # f32 master weights
+    tgt = jnp.asarray(r.integers(0, 50, size=(2, 7)), jnp.int32)
+    logp, ent = token_logprobs(h, w, tgt, chunk_size=16, return_entropy=True)
+    assert logp.dtype == jnp.float32
+    logits = np.asarray(h, np.float64) @ np.asarray(w.astype(dtype), np.float64)
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    ref = np.take_along_axis(logits, np.asarray(tgt)[..., None], -1)[..., 0] - lse
+    p = np.exp(logits - lse[..., None])
+    np.testing.assert_allclose(np.asarray(logp), ref, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(ent), -(p * np.log(p)).sum(-1), atol=2e-5)

@@ -246,6 +246,63 @@ def test_remat_gives_same_gradients(hf_models):
     assert max(np.abs(np.asarray(x)).max() for x in leaves1) > 0
 
 
+ON_GPU = jax.default_backend() == "gpu"
+
+
+@pytest.mark.parametrize("name,scan,impl", [
+    ("qwen2_gqa4", False, "xla"), ("llama_odd_hidden_gqa3", True, "xla"),
+    pytest.param("qwen2_tied_gqa2_theta1e6", False, "cudnn", marks=pytest.mark.skipif(not ON_GPU, reason="cuDNN: GPU only")),
+])
+def test_fused_attention_option_matches_einsum(hf_models, name, scan, impl, monkeypatch):
+    """model.attention="xla" (jax.nn.dot_product_attention's reference path) gives the einsum
+    path's logits and gradients, and the sampler (fused prefill, einsum decode steps) the same
+    greedy tokens and log-probs; the transformers parity above pins the einsum path. "cudnn" (GPU,
+    bf16 only) is compared the same way in bf16, at bf16 tolerances. Padding queries (a
+    left-padded row's first slots) attend to nothing and are no one's output, so only valid
+    positions are compared."""
+    from strata_jax.sampling import Sampler, SamplerConfig, SamplingParams
+
+    dtype = "bfloat16" if impl == "cudnn" else "float32"
+    tol = 3e-2 if impl == "cudnn" else 1e-5
+    path, _ = hf_models[name]
+    ref, _ = load_hf_model(path, scan_layers=scan, dtype=dtype)
+    fused, cfg = load_hf_model(path, scan_layers=scan, dtype=dtype, attention=impl)
+    assert cfg.attention == impl
+    tokens, pos, mask = _batch(seed=2)
+    a, b = _logits(ref, tokens, pos, mask), _logits(fused, tokens, pos, mask)
+    assert np.isfinite(b).all()
+    assert np.abs(a - b)[mask].max() <= tol * max(1.0, np.abs(a).max())
+    calls = []  # the option is really applied: the fused function is traced, and only with it
+    real = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    g1, _ = _grads(ref, tokens, pos, mask)
+    assert calls == []
+    g2, _ = _grads(fused, tokens, pos, mask)
+    assert calls and all(kw["implementation"] == impl for kw in calls)
+    for x, y in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+        assert np.isfinite(y).all()
+        assert np.abs(x - y).max() <= (0.1 if impl == "cudnn" else tol) * max(1.0, np.abs(x).max())
+    prompts = [list(map(int, row[m])) for row, m in zip(tokens, mask)]
+    outs = []
+    for model in (ref, fused):
+        graphdef, params = nnx.split(model)
+        sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=6, prompt_buckets=(32,), batch_buckets=(4,)))
+        outs.append(sampler.generate(params, prompts, SamplingParams(temperature=0.0), 0))
+    if impl == "cudnn":  # bf16 near-ties may pick another token: compare the first one's log-prob
+        np.testing.assert_allclose(outs[0].logprobs[:, 0], outs[1].logprobs[:, 0], atol=0.1)
+    else:
+        np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+        np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
+
+
+def test_unknown_attention_is_named():
+    with pytest.raises(ConfigError, match="attention 'flash'"):
+        ModelConfig.from_hf({**BASE, "model_type": "qwen2"}, attention="flash")
+    with pytest.raises(ConfigError, match="'cudnn' needs a bfloat16 or float16"):
+        ModelConfig.from_hf({**BASE, "model_type": "qwen2"}, attention="cudnn")
+
+
 def test_remat_applied_unrolled(hf_models):
     path, _ = hf_models["llama_odd_hidden_gqa3"]
     tokens, pos, mask = (jnp.asarray(x) for x in _batch())

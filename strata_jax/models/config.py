@@ -14,6 +14,9 @@ SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+
+
 class UnsupportedArchitectureError(ValueError):
     """The HF config names a model type or feature this decoder does not implement."""
 
@@ -52,6 +55,16 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: bool = False
+    # Attention over fresh tokens (training, scoring, prefill): "einsum" materialises the [B, K, T,
+    # G, S] scores; "cudnn" is jax.nn.dot_product_attention's fused flash kernel (GPU, bf16/fp16),
+    # "xla" the same function's reference path. Decode steps (one query on a cache) use einsum.
+    attention: str = "einsum"
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_IMPLS:
+            raise ConfigError(f"model attention {self.attention!r} is not one of {list(ATTENTION_IMPLS)}")
+        if self.attention == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+            raise ConfigError(f"model attention 'cudnn' needs a bfloat16 or float16 compute dtype, got {self.dtype!r}")
 
     @property
     def compute_dtype(self):
@@ -63,7 +76,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, config: dict, dtype: str = "float32", param_dtype: str = "float32",
-                scan_layers: bool = False, remat: bool = False) -> "ModelConfig":
+                scan_layers: bool = False, remat: bool = False, attention: str = "einsum") -> "ModelConfig":
         """Build from a transformers config.json dict (transformers 4 or 5 layout)."""
         if not isinstance(config, dict):
             raise ConfigError(f"ModelConfig.from_hf: expected a config.json dict, got {type(config).__name__}")
@@ -117,6 +130,7 @@ class ModelConfig:
             param_dtype=jnp.dtype(param_dtype).name,
             scan_layers=bool(scan_layers),
             remat=bool(remat),
+            attention=str(attention),
         )
 
     def to_hf(self) -> dict:

@@ -238,7 +238,7 @@ def _leaf(x):
 
 
 def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", mesh=None, rules=None,
-                  scan_layers: bool = False, remat: bool = False,
+                  scan_layers: bool = False, remat: bool = False, attention: str = "einsum",
                   shardings: Any | Callable | None = None, split: bool = False):
     """Read config.json + safetensors into a Decoder, placed in its target sharding.
 
@@ -250,7 +250,7 @@ def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", me
     """
     path = pathlib.Path(path)
     cfg = ModelConfig.from_hf(load_hf_config(path), dtype=dtype, param_dtype=param_dtype,
-                              scan_layers=scan_layers, remat=remat)
+                              scan_layers=scan_layers, remat=remat, attention=attention)
     tensors = _open_checkpoint(path)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract, nnx.Param)

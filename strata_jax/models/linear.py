@@ -22,26 +22,37 @@ def _dims(x_ndim: int, n_in: int) -> tuple:
     return ((tuple(range(x_ndim - n_in, x_ndim)), tuple(range(n_in))), ((), ()))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def linear(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
-    """x [..., *in] @ w [*in, *out] -> [..., *out] (same dtype rules as dot_general)."""
-    return jax.lax.dot_general(x, w, _dims(x.ndim, n_in))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def linear(x: jax.Array, w: jax.Array, n_in: int = 1, out_dtype=None) -> jax.Array:
+    """x [..., *in] @ w [*in, *out] -> [..., *out] (same dtype rules as dot_general).
+
+    out_dtype: accumulate and return in this dtype (dot_general's preferred_element_type), e.g.
+    bf16 inputs with f32 logits. The backward then rounds the incoming gradient to x's dtype, so
+    that both gradient products run at the inputs' precision (accumulating in f32) instead of
+    promoting the bf16 operands to f32.
+    """
+    return jax.lax.dot_general(x, w, _dims(x.ndim, n_in), preferred_element_type=out_dtype)
 
 
-def _linear_fwd(x, w, n_in):
-    return linear(x, w, n_in), (x, w)
+def _linear_fwd(x, w, n_in, out_dtype):
+    return linear(x, w, n_in, out_dtype), (x, w)
 
 
-def _linear_bwd(n_in, res, dy):
+def _linear_bwd(n_in, out_dtype, res, dy):
     x, w = res
+    if out_dtype is not None and dy.dtype != x.dtype:
+        dy = dy.astype(x.dtype)
+    acc = None if out_dtype is None else out_dtype
     lead = x.ndim - n_in  # the batch-like axes of x and dy
     # dx [..., *in]: contract dy's out axes with w's out axes (dy stays the left operand, its
     # contracting axes last: no transpose).
-    dx = jax.lax.dot_general(dy, w, ((tuple(range(lead, dy.ndim)), tuple(range(n_in, w.ndim))), ((), ())))
+    dx = jax.lax.dot_general(dy, w, ((tuple(range(lead, dy.ndim)), tuple(range(n_in, w.ndim))), ((), ())),
+                             preferred_element_type=acc)
     # dw [*in, *out]: x on the left (see the module docstring). (dy on the left when it is the
     # narrower, for a down projection, measured slower: XLA then folds the transposes into a dot
     # form its fast matmul path does not take.)
-    dw = jax.lax.dot_general(x, dy, ((tuple(range(lead)), tuple(range(lead))), ((), ())))
+    dw = jax.lax.dot_general(x, dy, ((tuple(range(lead)), tuple(range(lead))), ((), ())),
+                             preferred_element_type=acc)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 

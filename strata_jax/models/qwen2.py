@@ -200,6 +200,13 @@ class Attention(nnx.Module):
             else:
                 k = _read_layer(ks, layer).astype(dtype)  # [B, K, S, Dh]
                 v = _read_layer(vs, layer).astype(dtype)
+        if cfg.attention != "einsum" and (ks is None or _is_static_zero(cache_index)):
+            # The fused kernel takes [B, T, H, Dh] queries and [B, S, K, Dh] keys / values (GQA
+            # by head groups, h = kv_head * G + g as below) and a [B, 1, T, S] keep-mask.
+            out = jax.nn.dot_product_attention(
+                q.astype(dtype), k.transpose(0, 2, 1, 3).astype(dtype), v.transpose(0, 2, 1, 3).astype(dtype),
+                mask=mask[:, None], implementation=cfg.attention)
+            return self.o_proj(out), ks, vs
         b, t, _, dh = q.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, dh)  # head h = kv_head * G + g, as HF repeat_kv
