@@ -31,6 +31,7 @@ CHOICES = {
     "env.eval_split": ("train", "valid_seen", "valid_unseen"),
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
+    "model.attention": ("einsum", "xla", "cudnn"),  # strata_jax.models.config.ATTENTION_IMPLS
     "sampling.kv_dtype": ("float32", "bfloat16"),
     "train.aggregation": ("token_mean", "seq_mean_token_mean"),
     "train.step_weighting": ("step", "trajectory"),
@@ -294,6 +295,8 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     if c.env.shop_page_size < 1 or c.env.shop_products < 1000:
         raise ConfigError(f"config.env.shop_page_size={c.env.shop_page_size} must be >= 1 and "
                           f"config.env.shop_products={c.env.shop_products} >= 1000")
+    if c.model.attention == "cudnn" and c.model.dtype != "bfloat16":
+        raise ConfigError(f"config.model.attention='cudnn' needs config.model.dtype='bfloat16', not {c.model.dtype!r}")
     if c.env.reveal_objects and c.env.name != "household":
         raise ConfigError(f"config.env.reveal_objects=True is only wired for env.name='household', not {c.env.name!r}")
     _refuse_unbuilt(c)

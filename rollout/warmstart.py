@@ -71,8 +71,12 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     """Next-token training on expert rows, then export to `out_dir` (HF format)."""
     from rollout.demos import sft_rows
 
+    # The model settings the RL run uses: a real model's SFT on JSONL demonstrations needs remat and
+    # the fused attention on a GPU as much as its update does.
     (graphdef, params), mcfg = load_hf_model(init_dir, dtype=config.model.dtype,
-                                             param_dtype=config.model.param_dtype, mesh=mesh, split=True)
+                                             param_dtype=config.model.param_dtype, mesh=mesh, split=True,
+                                             scan_layers=bool(config.model.scan_layers),
+                                             remat=bool(config.model.remat), attention=str(config.model.attention))
     tok = load_tokenizer(init_dir)
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)

@@ -129,3 +129,11 @@ def test_policy_calls_larger_than_the_batch_buckets_are_refused_before_any_work(
     c.algo.tasks_per_iter = 8  # 8 tasks x 2 strategies x 4 trajectories = 64 action rows
     with pytest.raises(ConfigError, match=r"trajectories per task = 64"):
         validate(c)
+
+
+def test_attention_choices_are_the_models():
+    """The config's allowed model.attention values are exactly what the model implements."""
+    from configs.base import CHOICES
+    from strata_jax.models.config import ATTENTION_IMPLS
+
+    assert CHOICES["model.attention"] == ATTENTION_IMPLS

@@ -182,10 +182,13 @@ def typed(*args, cwd=REPO):
     (["--config", "configs/strata_alfworld.py", "--config.env.max_step=9"], ["config.env.max_step", "'max_steps'"]),
     (["--config.algo.delta=abc"], ["--config.algo.delta=abc", "could not convert string to float: 'abc'"]),
     (["--config.algo.name=foo"], ["config.algo.name='foo'", "'strata'"]),
+    (["--config.model.attention=flash"], ["config.model.attention='flash'", "'cudnn'"]),
+    (["--config.model.attention=cudnn"], ["config.model.attention='cudnn' needs config.model.dtype='bfloat16'"]),
     (["--config=configs/nope.py"], ["config file 'configs/nope.py' not found"]),
     (["--workdirr=x"], ["'workdirr'", "workdir"]),
     (["fly"], ["unknown mode 'fly'", "'train'"]),
-], ids=["unknown-key", "unknown-bool-key", "unknown-key-other-file", "bad-float", "bad-choice", "no-config-file",
+], ids=["unknown-key", "unknown-bool-key", "unknown-key-other-file", "bad-float", "bad-choice",
+         "bad-attention", "cudnn-needs-bf16", "no-config-file",
         "unknown-flag", "unknown-mode"])
 def test_bad_command_line_is_one_line(args, names, tmp_path):
     r = typed(*args, "--workdir", str(tmp_path / "run"))
