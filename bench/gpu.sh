@@ -4,9 +4,12 @@
 # come variants that place the time by difference: decode with a small vocabulary (the head and
 # sampling), half the layers (per layer), a small batch, and XLA's command buffers (CUDA graphs)
 # around the decode loop's body (launch overhead); the update with cuDNN's fused attention, with
-# and without remat. Each part prints one-line figures, runs under its own time limit, and a
-# failing part does not stop the next. `--smoke` runs the headline parts on tiny shapes on a CPU;
-# tests/test_bench_smoke.py runs it so that the script keeps working.
+# and without remat. Last, the user's command end to end on the GPU: `python launch.py` (the
+# embedded default: tiny model, SFT, 2 StraTA iterations, evaluations) in bf16 with cuDNN
+# attention, which prints its held-out success and wall time. Each part prints one-line figures,
+# runs under its own time limit, and a failing part does not stop the next. `--smoke` runs the
+# headline parts on tiny shapes on a CPU (not the end-to-end run: launch.py's CPU path has its own
+# tests, tests/test_launch.py); tests/test_bench_smoke.py runs it so that the script keeps working.
 #
 #   bash bench/gpu.sh            on the GPU machine (jax with CUDA installed)
 #   bash bench/gpu.sh --smoke    on a CPU: shrunken models, checks that the script runs
@@ -52,5 +55,13 @@ part bench/train.py --gpu $SMOKE
 if [ -z "$SMOKE" ]; then
   part bench/train.py --gpu --attention cudnn
   part bench/train.py --gpu --attention cudnn --no-remat
+  E2E=$(mktemp -d)
+  echo "== launch.py, the embedded default on the GPU (bf16, cuDNN attention), workdir $E2E"
+  t0=$(date +%s)
+  timeout "$PART_LIMIT" "$PY" launch.py --workdir "$E2E" --config.iterations=2 --config.eval.every=2 \
+      --config.sft.steps=300 --config.model.dtype=bfloat16 --config.model.attention=cudnn \
+      --config.sampling.kv_dtype=bfloat16 2>&1 | grep -E "^iteration|error|Error" \
+    || { echo "FAILED: launch.py end to end"; status=1; }
+  echo "launch.py end to end: $(( $(date +%s) - t0 )) s"
 fi
 exit $status
