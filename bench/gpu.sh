@@ -95,8 +95,9 @@ if [ -z "$SMOKE" ]; then
   t0=$(date +%s)
   timeout "$PART_LIMIT" "$PY" launch.py --workdir "$E2E" --config.iterations=2 --config.eval.every=2 \
       --config.sft.steps=300 --config.model.dtype=bfloat16 --config.model.attention=cudnn \
-      --config.sampling.kv_dtype=bfloat16 2>&1 | grep -E "^iteration|error|Error" \
-    || { echo "FAILED: launch.py end to end"; status=1; }
-  echo "launch.py end to end: $(( $(date +%s) - t0 )) s"
+      --config.sampling.kv_dtype=bfloat16 2>&1 | tr '\r' '\n' | grep -E "^iteration|[Ee]rror"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { echo "FAILED (rc $rc): launch.py end to end"; status=1; }
+  echo "launch.py end to end: rc $rc, $(( $(date +%s) - t0 )) s"
 fi
 exit $status
