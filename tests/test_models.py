@@ -283,6 +283,12 @@ def test_fused_attention_option_matches_einsum(hf_models, name, scan, impl, monk
         x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
         assert np.isfinite(y).all()
         assert np.abs(x - y).max() <= (0.1 if impl == "cudnn" else tol) * max(1.0, np.abs(x).max())
+    # Three queries at a time on a cache (the fused path with a cache, as a shared prefix's
+    # suffixes run) against the einsum model's full forward.
+    before = len(calls)
+    dec, _ = _decode_logits(fused, tokens, pos, mask, prefill_len=11, chunk=3, capacity=24)
+    assert len(calls) > before  # traced with the cache too
+    assert np.abs(dec - a)[mask].max() <= (10 * tol if impl == "cudnn" else 1e-4) * max(1.0, np.abs(a).max())
     prompts = [list(map(int, row[m])) for row, m in zip(tokens, mask)]
     outs = []
     for model in (ref, fused):

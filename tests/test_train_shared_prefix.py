@@ -135,24 +135,32 @@ def test_packing_without_sharing_or_with_bad_rows():
         pack_shared(b, micro_batches=3)
 
 
-def _logprobs(g, p, b, sb, window=None):
+def _logprobs(g, p, b, sb, window=None, g_shared=None):
+    """Plain (graphdef g) and shared (g_shared, default g) log-probs and entropies."""
     plain = jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5, 6), compiler_options=FAST)(
         g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 8192, True, window)
     shared = jax.jit(T.shared_sequence_logprobs, static_argnums=(0, 7, 8, 9), compiler_options=FAST)(
-        g, p, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens, sb.rows.attention_mask, 8192, True,
+        g if g_shared is None else g_shared, p, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens, sb.rows.attention_mask, 8192, True,
         window)
     return [np.asarray(x) for x in plain], [np.asarray(x) for x in shared]
 
 
-@pytest.mark.parametrize("scan_layers,window", [(False, None), (False, 10), (True, None)])
-def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window):
+@pytest.mark.parametrize("scan_layers,window,attention", [(False, None, "einsum"), (False, 10, "einsum"),
+                                                          (True, None, "einsum"), (False, None, "xla")])
+def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention):
+    """attention "xla": the shared rows run the fused attention (model.attention, the prefix pass
+    and the suffixes against its cache), the reference the plain einsum rows."""
     if scan_layers:  # the stacked [L, B, K, S, Dh] cache
         g, p = init_params(ModelConfig.from_hf({**TINY, **INIT}, scan_layers=True), seed=0)
     else:
         g, p = tiny_model(**INIT)
+    g_shared = None
+    if attention != "einsum":
+        g_shared, p2 = init_params(ModelConfig.from_hf({**TINY, **INIT}, attention=attention), seed=0)
+        assert jax.tree.structure(p2) == jax.tree.structure(p)
     b = _rows()
     sb, order = _pack(b)
-    (lp, ent), (slp, sent) = _logprobs(g, p, b, sb, window)
+    (lp, ent), (slp, sent) = _logprobs(g, p, b, sb, window, g_shared)
     back = _unpack(sb, order, b.tokens.shape)
     mask = back["loss_mask"]
     assert mask.sum() == b.loss_mask.sum() > 40

@@ -57,7 +57,8 @@ class ModelConfig:
     remat: bool = False
     # Attention over fresh tokens (training, scoring, prefill): "einsum" materialises the [B, K, T,
     # G, S] scores; "cudnn" is jax.nn.dot_product_attention's fused flash kernel (GPU, bf16/fp16),
-    # "xla" the same function's reference path. Decode steps (one query on a cache) use einsum.
+    # "xla" the same function's reference path. Every call with more than one query uses it, with
+    # or without a cache; decode steps (one query on a cache) use the einsum.
     attention: str = "einsum"
 
     def __post_init__(self):

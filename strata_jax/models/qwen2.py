@@ -200,9 +200,12 @@ class Attention(nnx.Module):
             else:
                 k = _read_layer(ks, layer).astype(dtype)  # [B, K, S, Dh]
                 v = _read_layer(vs, layer).astype(dtype)
-        if cfg.attention != "einsum" and (ks is None or _is_static_zero(cache_index)):
-            # The fused kernel takes [B, T, H, Dh] queries and [B, S, K, Dh] keys / values (GQA
-            # by head groups, h = kv_head * G + g as below) and a [B, 1, T, S] keep-mask.
+        if cfg.attention != "einsum" and q.shape[1] > 1:
+            # Several queries: the update, scoring, a prefill, and the suffixes that continue a
+            # shared prefix's cache (train.shared_sequence_logprobs, the sampler's shared
+            # prefill). A one-query decode step keeps the einsum. The fused kernel takes
+            # [B, T, H, Dh] queries and [B, S, K, Dh] keys / values (GQA by head groups, h =
+            # kv_head * G + g as below) and a [B, 1, T, S] keep-mask.
             out = jax.nn.dot_product_attention(
                 q.astype(dtype), k.transpose(0, 2, 1, 3).astype(dtype), v.transpose(0, 2, 1, 3).astype(dtype),
                 mask=mask[:, None], implementation=cfg.attention)
