@@ -122,7 +122,8 @@ def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 
     `order[p]` is the input row that became row p. `micro_batches` / `data_parallel`: the train
     step's k and data-parallel device count (S must divide by their product; UB is a multiple of
     `data_parallel` so the prefixes split over the same devices). Tpre and Ts come from
-    `length_buckets(L, buckets)`; UB from powers of two times `data_parallel`.
+    `length_buckets(L, buckets)`; UB from the same half steps (1, 2, 3, 4, 6, 8, ...) times
+    `data_parallel`.
     """
     host = TokenBatch(**{f.name: (None if getattr(batch, f.name) is None else np.asarray(getattr(batch, f.name)))
                          for f in dataclasses.fields(TokenBatch)})
@@ -154,9 +155,9 @@ def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 
             if any(x is None for x in splits):
                 continue
             u = max(len({tuple(prompts[r][:sp]) for r, sp in zip(rows, x)}) for rows, x in zip(micro, splits))
-            ub = data_parallel
-            while ub < u:
-                ub *= 2
+            # UB: data_parallel x the first half-step size (1, 2, 3, 4, 6, 8, 12, ...) that holds U,
+            # as for the lengths: 9 prefixes pad to 12 slots, not 16.
+            ub = data_parallel * max(length_buckets(-(-u // data_parallel), smallest=1))
             cost = k * ub * tpre + s * ts
             if best is None or cost < best.cost:
                 best = _Plan(tpre, ts, ub, cost, splits)
