@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from rollout.jax_policy import JaxPolicy
 from rollout.scoring import logprob_window
-from rollout.setup import advantage_params, loss_dict, make_mesh, rollout_shards
+from rollout.setup import advantage_params, loss_dict, make_mesh, model_settings, rollout_shards
 from rollout.shards import process_shards
 from rollout.warmstart import model_dir
 from strata_jax import sharding
@@ -39,10 +39,8 @@ class Run:
         # never waits on another host (docs/TPU.md); one process samples on the global mesh.
         self.local_mesh = self.mesh if self.nproc == 1 else sharding.local_mesh(int(config.mesh.tensor))
         self.model_path = model_dir(config, self.workdir, self.mesh)
-        (graphdef, params), self.mcfg = load_hf_model(
-            self.model_path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=self.mesh,
-            scan_layers=bool(config.model.scan_layers), remat=bool(config.model.remat),
-            attention=str(config.model.attention), split=True)
+        (graphdef, params), self.mcfg = load_hf_model(self.model_path, mesh=self.mesh, split=True,
+                                                      **model_settings(config))
         self.graphdef = graphdef
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)

@@ -43,6 +43,14 @@ def rollout_shards(config) -> int:
     return shards
 
 
+def model_settings(config) -> dict:
+    """load_hf_model's keyword arguments from config.model, for every load of the policy (the SFT
+    warm start and the RL run), so that none of them drops a setting."""
+    m = config.model
+    return dict(dtype=str(m.dtype), param_dtype=str(m.param_dtype), scan_layers=bool(m.scan_layers),
+                remat=bool(m.remat), attention=str(m.attention))
+
+
 def env_kwargs(config, split: str | None = None) -> dict:
     e = config.env
     if e.name in PROCEDURAL_ENVS:

@@ -14,6 +14,7 @@ import optax
 from tqdm.auto import tqdm
 
 from configs.base import PROCEDURAL_ENVS
+from rollout.setup import model_settings
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
 from strata_jax.sft import make_sft_step
@@ -73,10 +74,7 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
 
     # The model settings the RL run uses: a real model's SFT on JSONL demonstrations needs remat and
     # the fused attention on a GPU as much as its update does.
-    (graphdef, params), mcfg = load_hf_model(init_dir, dtype=config.model.dtype,
-                                             param_dtype=config.model.param_dtype, mesh=mesh, split=True,
-                                             scan_layers=bool(config.model.scan_layers),
-                                             remat=bool(config.model.remat), attention=str(config.model.attention))
+    (graphdef, params), mcfg = load_hf_model(init_dir, mesh=mesh, split=True, **model_settings(config))
     tok = load_tokenizer(init_dir)
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)
