@@ -73,7 +73,10 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
         target = strata[node]
         for name in path[:-1]:
             target = target[name]
-        target[path[-1]] = ast.literal_eval(value)
+        try:
+            target[path[-1]] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):  # a bare word: train.minibatch_order=grouped
+            target[path[-1]] = value
     strata.sft.steps = sft_steps
     strata.log.progress = False
     strata.eval.every = 0

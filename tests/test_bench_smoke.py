@@ -7,6 +7,7 @@ lent session its budget (bench/sampler.py --gpu once called the sampler with an 
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -21,3 +22,24 @@ def test_gpu_script_smoke_runs_every_headline_part():
     assert "FAILED" not in text, text[-3000:]
     assert re.search(r"sampler gpu decode: \d+ tok/s, [\d.]+ ms/step; .*% of roofline", text), text[-3000:]
     assert re.search(r"train_step qwen2-0.5B-shape .* remat, attention einsum: [\d,]+ tok/s", text), text[-3000:]
+
+
+def test_gpu_script_learning_smoke_runs_both_learning_rates():
+    """`--learning --smoke`: the issue #13 experiment's flow (a warm start, then RL at each of
+    LEARNING_LRS, the later runs from the first run's warm start), on the default model."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["LEARNING_LRS"] = "1e-4 3e-5"
+    out = subprocess.run(["bash", "bench/gpu.sh", "--learning", "--smoke"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    for lr in ("1e-4", "3e-5"):
+        assert re.search(rf"launch.py --learning train.lr {lr}: rc 0, \d+ s", text), text[-3000:]
+        assert re.search(rf"learning train.lr {lr}: held-out [\d.]+ -> [\d.]+ \([+-][\d.]+; issue #13", text), text[-3000:]
+    dirs = {lr: pathlib.Path(d) for lr, d in re.findall(r"train.lr (\S+), workdir (\S+)", text)}
+    try:
+        assert (dirs["1e-4"] / "sft_model" / "config.json").exists()
+        assert not (dirs["3e-5"] / "sft_model").exists()  # no second warm start: it reused the first
+        assert f'"path": "{dirs["1e-4"] / "sft_model"}"' in (dirs["3e-5"] / "config.json").read_text()
+    finally:
+        shutil.rmtree(dirs["1e-4"].parent, ignore_errors=True)
