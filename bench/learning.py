@@ -11,6 +11,11 @@ bucket (short L* <= 4, medium 5..7, long >= 8).
     python bench/learning.py --out runs/learning [--seeds 0,1,2] [--iterations 10]
         [--algos grpo,gigpo,strata,beacon,strata+beacon] [--sft-steps 600] [--horizon 2,8]
     python bench/learning.py --default --out runs/default [--seeds 0,1,2]
+    python bench/learning.py --world doors --horizon 8,8 --out runs/doors8 --eval-every 2
+
+`--world doors` runs the same study on the corridor of configs/tiny_doors.py (one step per door,
+`--horizon` doors, its own 200-step format-only warm start): credit assignment over a long
+horizon where the tiny model can learn the choice (docs/RESULTS.md).
 
 `--default` measures the embedded default instead (README command 1, `configs/tiny_household.py`
 as it is, each seed from its own SFT, exactly `python launch.py --config.seed=S`) and prints one
@@ -45,6 +50,8 @@ ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 
 
 def base_config(args):
+    if args.world == "doors":
+        return doors_base(args)
     from configs.tiny_household import get_config
 
     c = get_config()
@@ -55,6 +62,28 @@ def base_config(args):
     c.eval.every = int(args.eval_every)
     c.eval.num_tasks = int(args.eval_tasks)
     c.checkpoint.every = int(args.iterations)  # one checkpoint at the end: a finished run is kept
+    c.log.plots_every = 0
+    c.log.progress = bool(args.progress)
+    return c
+
+
+def doors_base(args):
+    """`--world doors`: the corridor of configs/tiny_doors.py with `--horizon` doors. One step per
+    door (max_steps = the most doors), so a trajectory wins only if every choice is right: the
+    format-only warm start (0.5 a door) wins 2^-L of its trajectories, and every door opened is a
+    milestone. The mini-batch grows with the horizon so that an iteration takes as many optimiser
+    steps as the 2-door check's (rows = 8 per door)."""
+    from configs.tiny_doors import doors
+
+    c = doors("strata")
+    c.iterations = int(args.iterations)
+    c.sft.steps = int(args.sft_steps) if args.sft_steps is not None else c.sft.steps
+    c.env.horizon_min, c.env.horizon_max = args.horizon
+    c.env.max_steps = int(args.horizon[1])
+    c.train.mini_batch_rows = 8 * int(args.horizon[1])
+    c.eval.every = int(args.eval_every)
+    c.eval.num_tasks = int(args.eval_tasks)
+    c.checkpoint.every = int(args.iterations)
     c.log.plots_every = 0
     c.log.progress = bool(args.progress)
     return c
@@ -132,7 +161,7 @@ def table(results: dict, algos, seeds) -> str:
     return "\n".join(lines)
 
 
-def plots(results: dict, algos, seeds, out: pathlib.Path) -> None:
+def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "household") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,7 +180,7 @@ def plots(results: dict, algos, seeds, out: pathlib.Path) -> None:
         ax.fill_between(its, m - sd, m + sd, alpha=0.15)
     ax.set_xlabel("iteration (0 = SFT start)")
     ax.set_ylabel("held-out success (T = eval temperature)")
-    ax.set_title("Household horizon study: held-out success, mean ± sd over seeds")
+    ax.set_title(f"{world.capitalize()} horizon study: held-out success, mean ± sd over seeds")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -218,12 +247,17 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--eval-tasks", type=int, default=48)
-    p.add_argument("--sft-steps", type=int, default=2000)
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="SFT steps of the shared warm start (household 2000, doors configs/tiny_doors.py's)")
+    p.add_argument("--world", default="household", choices=("household", "doors"),
+                   help="household (the study) or doors (the corridor: credit assignment where the tiny model learns)")
     p.add_argument("--horizon", default="2,8", help="L* range of the tasks: lo,hi")
     p.add_argument("--progress", action="store_true", help="per-run progress bars")
     p.add_argument("--sft-only", action="store_true", help="build the shared SFT model, then stop")
     args = p.parse_args()
     args.horizon = tuple(int(x) for x in args.horizon.split(","))
+    if args.world == "household" and args.sft_steps is None:
+        args.sft_steps = 2000
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     bad = [a for a in algos if a not in ALGOS]
     if bad:
@@ -266,7 +300,7 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
     md = table(results, algos, seeds)
     (out / "results.md").write_text(md + "\n")
-    plots(results, algos, seeds, out)
+    plots(results, algos, seeds, out, args.world)
     print(md)
     print(f"total {time.perf_counter() - t0:.0f} s; plots in {out}")
 

@@ -18,7 +18,7 @@ def learning():
 
 
 def _args(**kw):
-    a = dict(iterations=4, sft_steps=10, horizon=(2, 6), eval_every=2, eval_tasks=8, progress=False)
+    a = dict(iterations=4, sft_steps=10, horizon=(2, 6), eval_every=2, eval_tasks=8, progress=False, world="household")
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -33,6 +33,19 @@ def test_every_algorithm_gets_a_valid_config_with_equal_trajectories(learning):
         assert per_task == 8 and c.algo.name == algo and c.seed == 3 and c.model.path == "/m"
         assert c.algo.judgment == strata and c.algo.diverse == strata
         assert (c.env.horizon_min, c.env.horizon_max, c.iterations) == (2, 6, 4)
+
+
+def test_doors_world_one_step_per_door_and_equal_trajectories(learning):
+    """--world doors: the corridor with --horizon doors, max_steps = the most doors (a single wrong
+    choice loses), 8 rows per door in a mini-batch, the doors check's own SFT steps unless given."""
+    base = learning.base_config(_args(world="doors", horizon=(8, 8), sft_steps=None))
+    assert base.env.name == "doors" and (base.env.horizon_min, base.env.horizon_max, base.env.max_steps) == (8, 8, 8)
+    assert base.train.mini_batch_rows == 64 and base.sft.steps == 200 and base.sft.styles == "both"
+    for algo in learning.ALGOS:
+        c = learning.run_config(base, algo, seed=1, model_path="/m")
+        per_task = c.algo.num_strategies * c.algo.traj_per_strategy if algo.startswith("strata") else c.algo.group_size
+        assert per_task == 8 and c.env.name == "doors" and c.algo.name == algo
+    assert learning.base_config(_args(world="doors", horizon=(4, 6), sft_steps=30)).sft.steps == 30
 
 
 def test_summary_of_a_hand_written_history(learning, tmp_path):
