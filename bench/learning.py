@@ -50,37 +50,29 @@ ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 
 
 def base_config(args):
-    if args.world == "doors":
-        return doors_base(args)
-    from configs.tiny_household import get_config
+    """The study's shared config: the world's own config with the study's horizon, iterations,
+    SFT steps and evaluation, and one checkpoint at the end (a finished run is kept).
 
-    c = get_config()
-    c.iterations = int(args.iterations)
-    c.sft.steps = int(args.sft_steps)
-    c.sft.styles = "both"
-    c.env.horizon_min, c.env.horizon_max = args.horizon
-    c.eval.every = int(args.eval_every)
-    c.eval.num_tasks = int(args.eval_tasks)
-    c.checkpoint.every = int(args.iterations)  # one checkpoint at the end: a finished run is kept
-    c.log.plots_every = 0
-    c.log.progress = bool(args.progress)
-    return c
-
-
-def doors_base(args):
-    """`--world doors`: the corridor of configs/tiny_doors.py with `--horizon` doors. One step per
+    `--world doors`: the corridor of configs/tiny_doors.py with `--horizon` doors. One step per
     door (max_steps = the most doors), so a trajectory wins only if every choice is right: the
     format-only warm start (0.5 a door) wins 2^-L of its trajectories, and every door opened is a
     milestone. The mini-batch grows with the horizon so that an iteration takes as many optimiser
     steps as the 2-door check's (rows = 8 per door)."""
-    from configs.tiny_doors import doors
+    if args.world == "doors":
+        from configs.tiny_doors import doors
 
-    c = doors("strata")
+        c = doors("strata")  # already sft.styles = "both"
+        c.env.max_steps = int(args.horizon[1])
+        c.train.mini_batch_rows = 8 * int(args.horizon[1])
+    else:
+        from configs.tiny_household import get_config
+
+        c = get_config()
+        c.sft.styles = "both"
+    if args.sft_steps is not None:  # else the world's own (doors)
+        c.sft.steps = int(args.sft_steps)
     c.iterations = int(args.iterations)
-    c.sft.steps = int(args.sft_steps) if args.sft_steps is not None else c.sft.steps
     c.env.horizon_min, c.env.horizon_max = args.horizon
-    c.env.max_steps = int(args.horizon[1])
-    c.train.mini_batch_rows = 8 * int(args.horizon[1])
     c.eval.every = int(args.eval_every)
     c.eval.num_tasks = int(args.eval_tasks)
     c.checkpoint.every = int(args.iterations)

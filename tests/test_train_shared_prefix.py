@@ -140,8 +140,8 @@ def _logprobs(g, p, b, sb, window=None, g_shared=None):
     plain = jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5, 6), compiler_options=FAST)(
         g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 8192, True, window)
     shared = jax.jit(T.shared_sequence_logprobs, static_argnums=(0, 7, 8, 9), compiler_options=FAST)(
-        g if g_shared is None else g_shared, p, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens, sb.rows.attention_mask, 8192, True,
-        window)
+        g if g_shared is None else g_shared, p, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens,
+        sb.rows.attention_mask, 8192, True, window)
     return [np.asarray(x) for x in plain], [np.asarray(x) for x in shared]
 
 
