@@ -12,10 +12,20 @@ bucket (short L* <= 4, medium 5..7, long >= 8).
         [--algos grpo,gigpo,strata,beacon,strata+beacon] [--sft-steps 600] [--horizon 2,8]
     python bench/learning.py --default --out runs/default [--seeds 0,1,2]
     python bench/learning.py --world doors --horizon 8,8 --out runs/doors8 --eval-every 2
+    python bench/learning.py --world signs --horizon 6,6 --algos strata,strata:revise --out runs/signs6
+    python bench/learning.py --world doors --horizon 4,4 --max-steps 8 --algos strata:judge-untrained,strata:judge
 
 `--world doors` runs the same study on the corridor of configs/tiny_doors.py (one step per door,
 `--horizon` doors, its own 200-step format-only warm start): credit assignment over a long
-horizon where the tiny model can learn the choice (docs/RESULTS.md).
+horizon where the tiny model can learn the choice (docs/RESULTS.md). `--world signs` is the
+signpost corridor of issue #15 (rollout/envs/doors.py, `env.doors_sign_at`): three colours a door,
+and from door `--sign-at`+1 on the colour that opens is the one a sign at that door names.
+
+An entry of `--algos` may carry a variant (issue #15's arms, each from the same warm start):
+`ALGO:revise` revises the strategy every `--revise-every` steps (default: `--sign-at`), and the
+warm start then holds the expert's revision rows; `ALGO:judge` trains the self-judgment
+(`judge.samples = --judge-samples`, `algo.judge_train`), `ALGO:judge-untrained` draws as many
+judgments without training them (the control). An entry without a variant revises nothing.
 
 `--default` measures the embedded default instead (README command 1, `configs/tiny_household.py`
 as it is, each seed from its own SFT, exactly `python launch.py --config.seed=S`) and prints one
@@ -49,26 +59,47 @@ from rollout.report import BUCKETS, read_metrics  # noqa: E402  (after the repo 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 
 
+VARIANTS = ("revise", "judge", "judge-untrained")
+
+
+def parse_arm(arm: str) -> tuple[str, str]:
+    """'strata:revise' -> ('strata', 'revise'); 'grpo' -> ('grpo', '')."""
+    algo, _, variant = arm.partition(":")
+    if algo not in ALGOS or (variant and variant not in VARIANTS):
+        raise SystemExit(f"--algos: unknown entry {arm!r}; an algorithm of {', '.join(ALGOS)}, optionally "
+                         f"with one variant of {', '.join(VARIANTS)} (e.g. strata:revise)")
+    return algo, variant
+
+
 def base_config(args):
     """The study's shared config: the world's own config with the study's horizon, iterations,
     SFT steps and evaluation, and one checkpoint at the end (a finished run is kept).
 
     `--world doors`: the corridor of configs/tiny_doors.py with `--horizon` doors. One step per
-    door (max_steps = the most doors), so a trajectory wins only if every choice is right: the
-    format-only warm start (0.5 a door) wins 2^-L of its trajectories, and every door opened is a
-    milestone. The mini-batch grows with the horizon so that an iteration takes as many optimiser
-    steps as the 2-door check's (rows = 8 per door)."""
-    if args.world == "doors":
+    door (max_steps = the most doors, or `--max-steps`), so a trajectory wins only if every choice
+    is right: the format-only warm start (0.5 a door) wins 2^-L of its trajectories, and every
+    door opened is a milestone. The mini-batch grows with the horizon so that an iteration takes
+    as many optimiser steps as the 2-door check's (rows = 8 per step). `--world signs`: the same
+    corridor with three colours a door and the signpost at door `--sign-at`+1.
+
+    The warm start's demonstrations hold revision rows when an arm revises (`algo.revise_every`
+    is set here, for SFT; run_config sets every arm's own)."""
+    if args.world in ("doors", "signs"):
         from configs.tiny_doors import doors
 
         c = doors("strata")  # already sft.styles = "both"
-        c.env.max_steps = int(args.horizon[1])
-        c.train.mini_batch_rows = 8 * int(args.horizon[1])
+        c.env.max_steps = int(args.max_steps or args.horizon[1])
+        c.train.mini_batch_rows = 8 * int(c.env.max_steps)
+        if args.world == "signs":
+            c.env.doors_options = 3
+            c.env.doors_sign_at = int(args.sign_at)
     else:
         from configs.tiny_household import get_config
 
         c = get_config()
         c.sft.styles = "both"
+        if args.max_steps:
+            c.env.max_steps = int(args.max_steps)
     if args.sft_steps is not None:  # else the world's own (doors)
         c.sft.steps = int(args.sft_steps)
     c.iterations = int(args.iterations)
@@ -78,19 +109,29 @@ def base_config(args):
     c.checkpoint.every = int(args.iterations)
     c.log.plots_every = 0
     c.log.progress = bool(args.progress)
+    c.algo.revise_every = int(args.revise_every) if any(parse_arm(a)[1] == "revise" for a in args.arms) else 0
+    c.judge.samples = int(args.judge_samples)
     return c
 
 
-def run_config(base, algo: str, seed: int, model_path: str):
-    """`base` as `algo` with `seed`, at the same trajectories per iteration as StraTA's N x M."""
+def run_config(base, arm: str, seed: int, model_path: str):
+    """`base` as `arm` (an algorithm, optionally ':variant') with `seed`, at the same trajectories per
+    iteration as StraTA's N x M."""
     from configs.base import validate
 
+    algo, variant = parse_arm(arm)
     c = copy.deepcopy(base)
     strata = algo.startswith("strata")
     c.algo.name = algo
     c.algo.judgment = strata
     c.algo.diverse = strata
     c.algo.group_size = int(base.algo.num_strategies * base.algo.traj_per_strategy)
+    c.algo.revise_every = int(base.algo.revise_every) if variant == "revise" else 0
+    c.judge.samples = int(base.judge.samples) if variant.startswith("judge") else 1
+    c.algo.judge_train = variant == "judge"
+    judge_rows = int(c.algo.tasks_per_iter) * int(c.algo.group_size) * int(c.judge.samples)
+    if judge_rows > max(c.sampling.batch_buckets):  # the k judgments of every trajectory: one policy call
+        c.sampling.batch_buckets = (*c.sampling.batch_buckets, judge_rows)
     c.seed = int(seed)
     c.model.path = model_path
     return validate(c)
@@ -119,7 +160,10 @@ def summarise(rows: list[dict]) -> dict:
            "esu": _mean([r.get("train/esu") for r in train]), "car": _mean([r.get("train/car") for r in train]),
            "invalid_rate": _mean([r.get("train/invalid_rate") for r in train]),
            "iteration_s": _mean([r.get("time/iteration_s") for r in train]),
-           "curve": [(r["iteration"], r["eval/success"]) for r in evals]}
+           "curve": [(r["iteration"], r["eval/success"]) for r in evals],
+           # issue #15's arms: the majority judgment against the environment's labels, per iteration
+           "judge_precision": [r.get("judge/precision") for r in train],
+           "judge_recall": [r.get("judge/recall") for r in train]}
     for b in BUCKETS:
         out[f"start_{b}"] = start.get(f"eval/success_{b}")
         out[f"end_{b}"] = end.get(f"eval/success_{b}")
@@ -241,9 +285,15 @@ def main() -> None:
     p.add_argument("--eval-tasks", type=int, default=48)
     p.add_argument("--sft-steps", type=int, default=None,
                    help="SFT steps of the shared warm start (household 2000, doors configs/tiny_doors.py's)")
-    p.add_argument("--world", default="household", choices=("household", "doors"),
-                   help="household (the study) or doors (the corridor: credit assignment where the tiny model learns)")
+    p.add_argument("--world", default="household", choices=("household", "doors", "signs"),
+                   help="household (the study), doors (the corridor: credit assignment where the tiny model "
+                        "learns) or signs (the signpost corridor: what a revised strategy carries)")
     p.add_argument("--horizon", default="2,8", help="L* range of the tasks: lo,hi")
+    p.add_argument("--max-steps", type=int, default=0, help="steps an episode may take (0 = the world's own)")
+    p.add_argument("--sign-at", type=int, default=0,
+                   help="signs: the sign stands at door N+1 (default: half the most doors)")
+    p.add_argument("--revise-every", type=int, default=0, help="K of the ':revise' arms (default: --sign-at)")
+    p.add_argument("--judge-samples", type=int, default=4, help="k judgments a trajectory in the ':judge' arms")
     p.add_argument("--progress", action="store_true", help="per-run progress bars")
     p.add_argument("--sft-only", action="store_true", help="build the shared SFT model, then stop")
     args = p.parse_args()
@@ -251,9 +301,19 @@ def main() -> None:
     if args.world == "household" and args.sft_steps is None:
         args.sft_steps = 2000
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
-    bad = [a for a in algos if a not in ALGOS]
-    if bad:
-        raise SystemExit(f"--algos: unknown {bad}; choose from {', '.join(ALGOS)}")
+    for a in algos:
+        parse_arm(a)
+    args.arms = algos
+    if args.world == "signs":
+        args.sign_at = args.sign_at or args.horizon[1] // 2
+        if not 1 <= args.sign_at < args.horizon[0]:
+            raise SystemExit(f"--sign-at {args.sign_at}: the sign must stand at a door every corridor has "
+                             f"(1 <= N < {args.horizon[0]}, the fewest doors)")
+    elif args.sign_at:
+        raise SystemExit("--sign-at is for --world signs")
+    args.revise_every = args.revise_every or args.sign_at
+    if any(parse_arm(a)[1] == "revise" for a in algos) and args.revise_every < 1:
+        raise SystemExit("a ':revise' arm needs --revise-every K >= 1 (or --world signs, which revises at the sign)")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -280,7 +340,7 @@ def main() -> None:
     bar = tqdm(jobs, desc="study", dynamic_ncols=True)
     for a, s in bar:
         bar.set_postfix_str(f"{a} seed {s}")
-        wd = out / f"{a.replace('+', '_')}_s{s}"
+        wd = out / f"{a.replace('+', '_').replace(':', '_')}_s{s}"
         if not finished(wd, int(args.iterations)):
             t1 = time.perf_counter()
             trainer.train(run_config(base, a, s, str(sft_dir)), wd)

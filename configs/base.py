@@ -102,6 +102,7 @@ def base_config() -> mlc.ConfigDict:
     # that no answer in range is inadmissible (text-game agents with a fixed action set choose so).
     e.action_format = "text"
     e.doors_options = 2  # doors (the learnability test world): doors listed per step; L* from horizon_min/max
+    e.doors_sign_at = 0  # doors: from door s+1 on a colour shown only there opens (0 = none; rollout/envs/doors.py)
     e.data_dir = "data/alfworld"  # alfworld: where ../shared/data/alfworld/*.tar.xz are unpacked
     e.cache_dir = ""  # alfworld: translated-game cache shared by workers and runs ("" = in memory only)
     e.split = "train"

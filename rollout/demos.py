@@ -83,7 +83,7 @@ def _doors_env(**kw) -> TextEnv:
 def doors_kwargs(config: Any) -> dict:
     e = config.env
     return {"max_steps": int(e.max_steps), "doors": (int(e.horizon_min), int(e.horizon_max)),
-            "options": int(e.doors_options)}
+            "options": int(e.doors_options), "sign_at": int(e.doors_sign_at)}
 
 
 EXPERTS = {"household": Expert(HouseholdEnv, household_kwargs, household_expert),
@@ -119,7 +119,7 @@ def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "house
         raise ValueError(f"epsilon-soft demonstrations are built for the household world, not {env_name!r}")
     expert = EXPERTS.get(env_name, EXPERTS["household"])
     if expert.solve is None:
-        return doors_script(tasks, seed)
+        return doors_script(tasks, seed, int(env_kwargs.get("sign_at", 0)))
     solved = {p: expert.solve(task_seed, env_kwargs) for p, task_seed in enumerate(tasks)}
     rooms, starts = {}, {}
     if epsilon:  # the detours need the room's receptacles and where the agent starts
@@ -194,17 +194,45 @@ class _Walk:
         return action
 
 
-def doors_script(tasks: Sequence[int], seed: int = 0) -> Callable[[Messages, str, Hashable], str]:
+DOORS_STRATEGY = "find the door that opens, then take it every time."
+_SIGN = re.compile(r"only the (\w+) door opens")  # rollout/envs/doors.py's signpost
+_TAKE = re.compile(r"Your strategy for this episode: .*?take the (\w+) door")
+_AT = re.compile(r"Current observation \(step \d+\):.*?You are at door (\d+) of")
+_SO_FAR = re.compile(r"Your strategy so far: (.*)")
+
+
+def doors_script(tasks: Sequence[int], seed: int = 0, sign_at: int = 0) -> Callable[[Messages, str, Hashable], str]:
     """The doors world's demonstrator: the right format and a uniformly random listed door. A policy
     that imitates it is valid but weak (two doors per step, two steps: it wins 1/4 of the time);
-    only RL can teach it which door opens (the learnability tests)."""
+    only RL can teach it which door opens (the learnability tests).
+
+    The signpost corridor (`sign_at > 0`, issue #15's revision study) has a demonstrator of its
+    own, so that what RL has left to learn is which revision to write:
+    - before the sign (doors 1..sign_at) it takes the red door, so it reaches the sign;
+    - a step whose strategy or current observation names a colour takes that door; other steps
+      take a random listed door;
+    - at a revision it names the colour of a sign in view in half of its answers (by the call's
+      key) and keeps the strategy in force in the other half. Imitating that, the warm start
+      writes a useful revision about half the time: GRPO over the revisions (docs/CONTRACTS.md)
+      has both kinds in a group to compare.
+    """
     def script(messages: Messages, kind: str, key: Hashable) -> str:
-        if kind == "strategy":
-            return "<strategy>find the door that opens, then take it every time.</strategy>"
+        text = messages[-1]["content"]
+        rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
+        if kind == "strategy":  # the reset strategy (key (p, k)) and every revision (key (p, n, m, r))
+            sign, so_far = _SIGN.search(text), _SO_FAR.search(text)
+            if sign and (not so_far or rng.random() < 0.5):
+                return f"<strategy>from here on take the {sign.group(1)} door.</strategy>"
+            return f"<strategy>{so_far.group(1).strip() if so_far else DOORS_STRATEGY}</strategy>"
         if kind == "judge":
             return "<bad_steps>none</bad_steps>"
-        doors = re.findall(r"'(open the \w+ door)'", messages[-1]["content"])
-        rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
+        doors = re.findall(r"'(open the \w+ door)'", text)
+        at = _AT.search(text)
+        named = _SIGN.search(text) or _TAKE.search(text)
+        if sign_at and named and f"open the {named.group(1)} door" in doors:
+            return f"{THINK}<action>open the {named.group(1)} door</action>"
+        if sign_at and at and int(at.group(1)) <= sign_at and "open the red door" in doors:
+            return f"{THINK}<action>open the red door</action>"
         return f"{THINK}<action>{doors[int(rng.integers(len(doors)))] if doors else 'look'}</action>"
 
     return script
@@ -288,6 +316,7 @@ def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
         strata, flat = copy.deepcopy(config), copy.deepcopy(config)
         strata.algo.name, strata.algo.judgment, strata.sft.styles = "strata", True, "own"
         flat.algo.name, flat.algo.judgment, flat.sft.styles = "grpo", False, "own"
+        flat.algo.revise_every = 0  # a flat prompt has no strategy to revise
         return sft_rows(strata, tokenizer, tasks, judge_share) + sft_rows(flat, tokenizer, tasks, judge_share)
     if styles != "own":
         raise ValueError(f"config.sft.styles={styles!r}: choose 'own' or 'both'")

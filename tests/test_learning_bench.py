@@ -7,6 +7,7 @@ import pathlib
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,8 @@ def learning():
 
 
 def _args(**kw):
-    a = dict(iterations=4, sft_steps=10, horizon=(2, 6), eval_every=2, eval_tasks=8, progress=False, world="household")
+    a = dict(iterations=4, sft_steps=10, horizon=(2, 6), eval_every=2, eval_tasks=8, progress=False, world="household",
+             max_steps=0, sign_at=0, revise_every=0, judge_samples=4, arms=list(ALGOS))
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -46,6 +48,31 @@ def test_doors_world_one_step_per_door_and_equal_trajectories(learning):
         per_task = c.algo.num_strategies * c.algo.traj_per_strategy if algo.startswith("strata") else c.algo.group_size
         assert per_task == 8 and c.env.name == "doors" and c.algo.name == algo
     assert learning.base_config(_args(world="doors", horizon=(4, 6), sft_steps=30)).sft.steps == 30
+
+
+def test_issue15_arms_differ_only_in_their_variant(learning):
+    """--world signs with ':revise' / ':judge' arms: the warm start's config revises (its
+    demonstrations then hold revision rows), each arm sets only its own variant."""
+    arms = ["strata", "strata:revise", "strata:judge", "strata:judge-untrained", "grpo"]
+    base = learning.base_config(_args(world="signs", horizon=(6, 6), sft_steps=None, sign_at=3, revise_every=3,
+                                      arms=arms))
+    assert (base.env.name, base.env.doors_options, base.env.doors_sign_at, base.env.max_steps) == ("doors", 3, 3, 6)
+    assert base.algo.revise_every == 3 and base.judge.samples == 4
+    got = {a: learning.run_config(base, a, seed=2, model_path="/m") for a in arms}
+    assert [(got[a].algo.revise_every, got[a].judge.samples, got[a].algo.judge_train) for a in arms] == [
+        (0, 1, False), (3, 1, False), (0, 4, True), (0, 4, False), (0, 1, False)]
+    assert all(got[a].algo.name == a.partition(":")[0] and got[a].seed == 2 for a in arms)
+    # no arm revises: the warm start's demonstrations do not either
+    assert learning.base_config(_args(world="signs", horizon=(6, 6), sign_at=3, arms=["strata"])).algo.revise_every == 0
+    # --max-steps gives retries in the corridor (the judge study), and the mini-batch follows the steps
+    c = learning.base_config(_args(world="doors", horizon=(4, 4), max_steps=8, arms=["strata:judge"]))
+    assert (c.env.max_steps, c.train.mini_batch_rows, c.env.doors_sign_at) == (8, 64, 0)
+    for bad in ("strata:nope", "ppo", "grpo:"):
+        if bad == "grpo:":
+            assert learning.parse_arm(bad) == ("grpo", "")
+            continue
+        with pytest.raises(SystemExit, match="unknown entry"):
+            learning.parse_arm(bad)
 
 
 def test_summary_of_a_hand_written_history(learning, tmp_path):
