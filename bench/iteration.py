@@ -55,11 +55,10 @@ PHASES = ("strategies", "actions", "judgment", "scoring", "advantages", "update"
 def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "configs/tiny_household.py"):
     """(StraTA config, GRPO config) from a StraTA config file (default: the embedded default); same
     model, same everything else."""
-    import ast
     import copy
     import importlib.util
 
-    from configs.base import validate
+    from configs.base import apply_overrides, validate
 
     spec = importlib.util.spec_from_file_location("bench_config", config_file)
     module = importlib.util.module_from_spec(spec)
@@ -67,16 +66,7 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     strata = module.get_config()
     if strata.algo.name != "strata":
         raise SystemExit(f"--config {config_file}: algo.name is {strata.algo.name!r}, expected 'strata'")
-    for item in overrides:
-        key, _, value = item.partition("=")
-        node, *path = key.split(".")
-        target = strata[node]
-        for name in path[:-1]:
-            target = target[name]
-        try:
-            target[path[-1]] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):  # a bare word: train.minibatch_order=grouped
-            target[path[-1]] = value
+    apply_overrides(strata, overrides)
     strata.sft.steps = sft_steps
     strata.log.progress = False
     strata.eval.every = 0

@@ -93,6 +93,8 @@ def base_config(args):
         if args.world == "signs":
             c.env.doors_options = 3
             c.env.doors_sign_at = int(args.sign_at)
+        if args.options:
+            c.env.doors_options = int(args.options)
     else:
         from configs.tiny_household import get_config
 
@@ -102,6 +104,8 @@ def base_config(args):
             c.env.max_steps = int(args.max_steps)
     if args.sft_steps is not None:  # else the world's own (doors)
         c.sft.steps = int(args.sft_steps)
+    if args.sft_tasks:
+        c.sft.num_tasks = int(args.sft_tasks)
     c.iterations = int(args.iterations)
     c.env.horizon_min, c.env.horizon_max = args.horizon
     c.eval.every = int(args.eval_every)
@@ -111,7 +115,9 @@ def base_config(args):
     c.log.progress = bool(args.progress)
     c.algo.revise_every = int(args.revise_every) if any(parse_arm(a)[1] == "revise" for a in args.arms) else 0
     c.judge.samples = int(args.judge_samples)
-    return c
+    from configs.base import apply_overrides
+
+    return apply_overrides(c, args.set)
 
 
 def run_config(base, arm: str, seed: int, model_path: str):
@@ -289,11 +295,16 @@ def main() -> None:
                    help="household (the study), doors (the corridor: credit assignment where the tiny model "
                         "learns) or signs (the signpost corridor: what a revised strategy carries)")
     p.add_argument("--horizon", default="2,8", help="L* range of the tasks: lo,hi")
+    p.add_argument("--sft-tasks", type=int, default=0, help="demonstration tasks of the warm start (0 = the world's own)")
+    p.add_argument("--options", type=int, default=0,
+                   help="doors / signs: doors listed per step (0 = the world's own: 2, signs 3)")
     p.add_argument("--max-steps", type=int, default=0, help="steps an episode may take (0 = the world's own)")
     p.add_argument("--sign-at", type=int, default=0,
                    help="signs: the sign stands at door N+1 (default: half the most doors)")
     p.add_argument("--revise-every", type=int, default=0, help="K of the ':revise' arms (default: --sign-at)")
     p.add_argument("--judge-samples", type=int, default=4, help="k judgments a trajectory in the ':judge' arms")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for the warm start and every run, e.g. sft.lr=3e-3 (repeatable)")
     p.add_argument("--progress", action="store_true", help="per-run progress bars")
     p.add_argument("--sft-only", action="store_true", help="build the shared SFT model, then stop")
     args = p.parse_args()

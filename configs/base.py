@@ -426,3 +426,27 @@ def with_algo_env(c: mlc.ConfigDict, algo: str, env: str) -> mlc.ConfigDict:
     else:
         c.env.max_steps = 30
     return c
+
+
+def apply_overrides(c: mlc.ConfigDict, items) -> mlc.ConfigDict:
+    """`KEY=VALUE` strings (the benches' `--set`) applied to c in place: a Python literal, or a bare
+    word as a string (`train.minibatch_order=grouped`). An unknown key raises, as launch.py's do."""
+    import ast
+
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        node, *path = key.split(".")
+        try:
+            target = c[node]
+            for name in path[:-1]:
+                target = target[name]
+            target[path[-1]]  # noqa: B018  (an unknown key raises here)
+        except (KeyError, AttributeError, IndexError):
+            raise ConfigError(f"--set {item!r}: the config has no key {key!r}") from None
+        try:
+            target[path[-1]] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            target[path[-1]] = value
+    return c

@@ -20,7 +20,7 @@ def learning():
 
 def _args(**kw):
     a = dict(iterations=4, sft_steps=10, horizon=(2, 6), eval_every=2, eval_tasks=8, progress=False, world="household",
-             max_steps=0, sign_at=0, revise_every=0, judge_samples=4, arms=list(ALGOS))
+             max_steps=0, sign_at=0, options=0, sft_tasks=0, set=[], revise_every=0, judge_samples=4, arms=list(ALGOS))
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -62,6 +62,8 @@ def test_issue15_arms_differ_only_in_their_variant(learning):
     assert [(got[a].algo.revise_every, got[a].judge.samples, got[a].algo.judge_train) for a in arms] == [
         (0, 1, False), (3, 1, False), (0, 4, True), (0, 4, False), (0, 1, False)]
     assert all(got[a].algo.name == a.partition(":")[0] and got[a].seed == 2 for a in arms)
+    six = learning.base_config(_args(world="signs", horizon=(6, 6), sign_at=3, options=6, sft_tasks=512, arms=arms))
+    assert (six.env.doors_options, six.env.doors_sign_at, six.sft.num_tasks) == (6, 3, 512)
     # no arm revises: the warm start's demonstrations do not either
     assert learning.base_config(_args(world="signs", horizon=(6, 6), sign_at=3, arms=["strata"])).algo.revise_every == 0
     # --max-steps gives retries in the corridor (the judge study), and the mini-batch follows the steps
@@ -130,3 +132,29 @@ def test_warmstart_figures_on_a_hand_batch(tmp_path):
     assert np.isnan(f["mixed_long"])
     want = (np.log(2) + -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))) / 2
     assert abs(f["first_step_entropy"] - want) < 1e-12
+
+
+def test_revision_arm_runs_from_the_command_line(tmp_path):
+    """The user's path: `bench/learning.py --world signs` with a ':revise' arm, through a subprocess
+    (a 5-step warm start, one iteration). Every trajectory that reaches step sign_at is asked for a
+    revision, and the results carry the arm's curve."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "signs"
+    cmd = [sys.executable, str(REPO / "bench" / "learning.py"), "--world", "signs", "--horizon", "3,3", "--sign-at", "1",
+           "--algos", "strata:revise", "--seeds", "0", "--iterations", "1", "--eval-every", "1", "--eval-tasks", "4",
+           "--sft-steps", "5", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| strata:revise |" in proc.stdout
+    run = json.loads((out / "results.json").read_text())["runs"]["strata:revise/s0"]
+    assert [i for i, _ in run["curve"]] == [0, 1]
+    config = json.loads((out / "strata_revise_s0" / "config.json").read_text())
+    assert (config["algo"]["revise_every"], config["env"]["doors_sign_at"], config["env"]["doors_options"]) == (1, 1, 3)
+    texts = json.loads((out / "strata_revise_s0" / "batches" / "iter_00001.texts.json").read_text())
+    revised = [t for t in texts["trajectories"] if t["revisions"]]
+    # max_steps 3, K = 1: revisions before steps 1 and 2 of every trajectory (none ends early: 3 doors, 3 steps)
+    assert len(revised) == len(texts["trajectories"]) > 0
+    assert all([r["step"] for r in t["revisions"]] == [1, 2] for t in revised)
