@@ -195,8 +195,8 @@ class _Walk:
 
 
 DOORS_STRATEGY = "find the door that opens, then take it every time."
-_SIGN = re.compile(r"only the (\w+) door opens")  # rollout/envs/doors.py's signpost
-_TAKE = re.compile(r"Your strategy for this episode: .*?take the (\w+) door")
+_SIGN = re.compile(r"A sign here reads: (\w+)\.")  # rollout/envs/doors.py's signpost
+_TAKE = re.compile(r"Your strategy for this episode: (\w+) doors from here on")
 _AT = re.compile(r"Current observation \(step \d+\):.*?You are at door (\d+) of")
 _SO_FAR = re.compile(r"Your strategy so far: (.*)")
 
@@ -222,7 +222,8 @@ def doors_script(tasks: Sequence[int], seed: int = 0, sign_at: int = 0) -> Calla
         if kind == "strategy":  # the reset strategy (key (p, k)) and every revision (key (p, n, m, r))
             sign, so_far = _SIGN.search(text), _SO_FAR.search(text)
             if sign and (not so_far or rng.random() < 0.5):
-                return f"<strategy>from here on take the {sign.group(1)} door.</strategy>"
+                # the colour first, right after the prompt's "strategy for this episode:" (see doors.py)
+                return f"<strategy>{sign.group(1)} doors from here on.</strategy>"
             return f"<strategy>{so_far.group(1).strip() if so_far else DOORS_STRATEGY}</strategy>"
         if kind == "judge":
             return "<bad_steps>none</bad_steps>"

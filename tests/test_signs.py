@@ -35,7 +35,7 @@ def test_the_sign_names_the_colour_that_opens_from_its_door_on():
         assert env.opens == ["red", "red", colour, colour, colour] and colour in COLORS[1:3]
         # the sign is in the observation at door 3 only (after two doors), and names that colour
         signed = [i for i, o in enumerate(seen) if "sign" in o]
-        assert signed == [2] and f"only the {colour} door opens" in seen[2] and "door 3 of 5" in seen[2]
+        assert signed == [2] and f"reads: {colour}." in seen[2] and "door 3 of 5" in seen[2]
         assert all(i["state_changed"] for i in infos[1:])
     assert set(after) == {"blue", "green"}  # the colour is the task's, not a constant
 
@@ -73,11 +73,11 @@ def test_the_signs_demonstrator_reads_what_it_is_shown():
     before = step_prompt("go through every door.", "You are at door 2 of 5.", doors, strategy=DOORS_STRATEGY,
                          step=1, history_length=0)
     assert _action(script, before) == "open the red door"  # before the sign: the corridor's red
-    sign = "The door opens. You are at door 3 of 5. A sign here reads: from this door on, only the green door opens."
+    sign = "The door opens. You are at door 3 of 5. A sign here reads: green. From this door on, only that colour opens."
     at_sign = step_prompt("go through every door.", sign, doors, strategy=DOORS_STRATEGY, step=2, history_length=0)
     assert _action(script, at_sign) == "open the green door"
     carried = step_prompt("go through every door.", "The door opens. You are at door 4 of 5.", doors,
-                          strategy="from here on take the blue door.", step=3, history_length=0)
+                          strategy="blue doors from here on.", step=3, history_length=0)
     assert _action(script, carried) == "open the blue door"
     blind = step_prompt("go through every door.", "The door opens. You are at door 4 of 5.", doors,
                         strategy=DOORS_STRATEGY, step=3, history_length=0)
@@ -87,15 +87,15 @@ def test_the_signs_demonstrator_reads_what_it_is_shown():
 
 def test_revisions_name_the_sign_in_about_half_of_the_answers():
     script = doors_script([0], seed=0, sign_at=2)
-    sign = "The door opens. You are at door 3 of 5. A sign here reads: from this door on, only the blue door opens."
+    sign = "The door opens. You are at door 3 of 5. A sign here reads: blue. From this door on, only that colour opens."
     msgs = revision_prompt("go through every door.", sign, DOORS_STRATEGY, [("o", "open the red door")] * 2,
                            step=2, recent=2)
     answers = collections.Counter(script(msgs, "strategy", (0, 0, m, 0)) for m in range(200))
-    assert set(answers) == {"<strategy>from here on take the blue door.</strategy>", f"<strategy>{DOORS_STRATEGY}</strategy>"}
-    assert 70 <= answers["<strategy>from here on take the blue door.</strategy>"] <= 130
-    no_sign = revision_prompt("go through every door.", "You are at door 2 of 5.", "from here on take the green door.",
+    assert set(answers) == {"<strategy>blue doors from here on.</strategy>", f"<strategy>{DOORS_STRATEGY}</strategy>"}
+    assert 70 <= answers["<strategy>blue doors from here on.</strategy>"] <= 130
+    no_sign = revision_prompt("go through every door.", "You are at door 2 of 5.", "green doors from here on.",
                               [], step=2, recent=2)
-    assert script(no_sign, "strategy", (0, 0, 0, 0)) == "<strategy>from here on take the green door.</strategy>"
+    assert script(no_sign, "strategy", (0, 0, 0, 0)) == "<strategy>green doors from here on.</strategy>"
     # the plain corridor's demonstrator is unchanged: random doors, never told red
     plain = doors_script([0], seed=0)
     blind = step_prompt("go through every door.", "You are at door 1 of 2.", ["open the blue door", "open the red door"],
@@ -122,4 +122,51 @@ def test_warm_start_rows_of_both_styles_hold_revisions(tmp_path):
     answers = [tok.decode(list(r), skip_special_tokens=True) for _, r in rows]
     revisions = [a for t, a in zip(texts, answers) if "Revise your strategy" in t]
     assert len(revisions) == 8  # one a task: the demonstrator reaches door 3 every time
-    assert any("take the" in a for a in revisions)
+    assert any("doors from here on" in a for a in revisions)
+
+
+def test_read_probe_matches_transformers_torch_model(tmp_path):
+    """bench/read_probe.py scores the sign's colour with our JAX forward; transformers' PyTorch
+    model on the same prompts gives the same probabilities."""
+    import importlib.util
+    import pathlib
+
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from configs.tiny_doors import doors
+    from rollout.demos import THINK
+    from rollout.envs.doors import DoorsEnv
+    from rollout.policy import render
+    from strata_jax.models.tiny import make_tiny_model
+
+    c = doors("strata")
+    c.env.doors_options, c.env.doors_sign_at = 6, 2
+    c.env.horizon_min = c.env.horizon_max = c.env.max_steps = 4
+    make_tiny_model(tmp_path, texts=corpus(c, num_tasks=16), vocab_size=640, hidden_size=32, layers=2, heads=2,
+                    kv_heads=1, intermediate_size=64, seed=1)
+    spec = importlib.util.spec_from_file_location(
+        "read_probe", pathlib.Path(__file__).resolve().parents[1] / "bench" / "read_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.probe(str(tmp_path), doors=4, options=6, sign_at=2, tasks=3)
+    assert got["n"] == 6 and got["chance"] == pytest.approx(0.2)
+
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    env, colours, ps = DoorsEnv(doors=(4, 4), options=6, sign_at=2), COLORS[:6], []
+    for seed in range(10**6, 10**6 + 3):
+        env.reset(seed=seed)
+        for _ in range(2):
+            obs, _, _, _, info = env.step("open the red door")
+        for strategy in (DOORS_STRATEGY, None):
+            msgs = step_prompt("go through every door.", obs, info["admissible_commands"], strategy=strategy,
+                               step=2, history_length=0)
+            ids = tok(render(msgs, tok) + f"{THINK}<action>open the", return_tensors="pt",
+                      add_special_tokens=False).input_ids
+            with torch.no_grad():
+                logits = model(ids).logits[0, -1]
+            sel = logits[[tok.encode(" " + k, add_special_tokens=False)[0] for k in colours]]
+            ps.append(float(torch.softmax(sel, -1)[colours.index(env.opens[2])]))
+    assert got["p_right"] == pytest.approx(sum(ps) / len(ps), abs=1e-4)

@@ -14,7 +14,7 @@ Milestones: each door opened (BEACON's segments). L* = the number of doors.
 
 `sign_at = s > 0` (the signpost corridor, issue #15's controlled revision study): from door s+1 on
 (1-based) a task-specific colour opens instead of red, drawn from the other listed colours, and
-only the observation at door s+1 says which ("A sign here reads: ..."). With the corridor's
+only the observation at door s+1 says which ("A sign here reads: green. ..."). With the corridor's
 prompts (no history), a flat policy sees the sign at that one door only: to use it later, the
 agent has to carry it, which is what a revised strategy (`algo.revise_every = s`, revised before
 step s+1) can do and a strategy fixed at reset cannot. A corridor of at most s doors has no sign.
@@ -71,7 +71,10 @@ class DoorsEnv(TextEnv):
     def _here(self) -> str:
         here = f"You are at door {self.at + 1} of {len(self.lists)}."
         if self.sign_at and self.at == self.sign_at < len(self.lists):
-            here += f" A sign here reads: from this door on, only the {self.opens[self.at]} door opens."
+            # The colour right after "reads:": the admissible list has every colour after "open the",
+            # so a sign in that phrasing ("only the X door opens") is one the tiny model cannot
+            # single out (docs/RESULTS.md, the signpost corridor).
+            here += f" A sign here reads: {self.opens[self.at]}. From this door on, only that colour opens."
         return here
 
     def step(self, action: str):
