@@ -187,19 +187,25 @@ def _ms(xs) -> str:
 
 
 def table(results: dict, algos, seeds) -> str:
+    """The study's table: one line per arm, mean ± sd over seeds. With judged arms (issue #15),
+    two more columns: the majority judgment's precision and recall against the environment's
+    labels in the last training iteration."""
+    judged = any(r.get("judge_precision") and r["judge_precision"][-1] is not None for r in results.values())
     head = ("| algorithm | held-out success: SFT start | after training | greedy after | short | medium | long "
-            "| ESU | CAR | invalid rate | s / iteration |")
+            "| ESU | CAR | invalid rate | s / iteration |" + (" judge precision (last) | judge recall (last) |"
+                                                                if judged else ""))
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
     for a in algos:
         rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
         if not rs:
             continue
+        extra = [_ms([(r.get(k) or [None])[-1] for r in rs]) for k in ("judge_precision", "judge_recall")]
         lines.append("| " + " | ".join([
             a, _ms([r["eval_start"] for r in rs]), _ms([r["eval_end"] for r in rs]),
             _ms([r["greedy_end"] for r in rs]),
             *[_ms([r[f"end_{b}"] for r in rs]) for b in BUCKETS],
             _ms([r["esu"] for r in rs]), _ms([r["car"] for r in rs]), _ms([r["invalid_rate"] for r in rs]),
-            f"{_mean([r['iteration_s'] for r in rs]):.1f}"]) + " |")
+            f"{_mean([r['iteration_s'] for r in rs]):.1f}", *(extra if judged else [])]) + " |")
     return "\n".join(lines)
 
 

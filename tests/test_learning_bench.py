@@ -97,6 +97,13 @@ def test_summary_of_a_hand_written_history(learning, tmp_path):
     lines = md.splitlines()
     assert len(lines) == 3  # header, rule, one algorithm with results (strata has none)
     assert "| grpo | 0.500 ± 0.000 | 0.500 ± 0.250 |" in lines[2]
+    assert s["judge_precision"] == [None, None] and "judge precision" not in md
+    judged = dict(s, judge_precision=[0.5, 0.25], judge_recall=[0.1, 0.75])
+    md = learning.table({"strata:judge/s0": judged, "strata/s0": s}, ["strata:judge", "strata"], [0])
+    lines = md.splitlines()
+    assert "judge precision (last) | judge recall (last) |" in lines[0]
+    assert lines[2].endswith("| 0.250 | 0.750 |") and lines[3].endswith("| - | - |")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
     wd = tmp_path / "run"
     wd.mkdir()
     (wd / "metrics.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
