@@ -71,9 +71,9 @@ class DoorsEnv(TextEnv):
     def _here(self) -> str:
         here = f"You are at door {self.at + 1} of {len(self.lists)}."
         if self.sign_at and self.at == self.sign_at < len(self.lists):
-            # The colour right after "reads:": the admissible list has every colour after "open the",
-            # so a sign in that phrasing ("only the X door opens") is one the tiny model cannot
-            # single out (docs/RESULTS.md, the signpost corridor).
+            # The colour right after "reads:", where no listed door's colour stands (the list has
+            # every colour after "open the"). The tiny warm starts read neither this nor "only the
+            # X door opens" under the plain SFT loss (docs/RESULTS.md, bench/read_probe.py).
             here += f" A sign here reads: {self.opens[self.at]}. From this door on, only that colour opens."
         return here
 
