@@ -202,6 +202,13 @@ def base_config() -> mlc.ConfigDict:
     f.epsilon = 0.0  # household: epsilon-soft expert (detours with this probability, then recovers)
     f.styles = "own"  # household demos in this run's prompt style, or "both" (strategy + flat prompts)
     f.judge_share = 1.0  # household: share of the demo tasks whose self-judgment is a demo row too
+    # A first phase of `read_steps` steps at `read_lr` whose loss is only on the answer tokens copied
+    # from the prompt's content (strata_jax.sft.read_token_weights: tokens in at most
+    # `read_max_share` of the prompts), then `steps` on whole answers: without it the tiny models
+    # never learn to read a word from their prompt (docs/RESULTS.md, round 10).
+    f.read_steps = 0
+    f.read_lr = 2e-3
+    f.read_max_share = 0.25  # a style mix (sft.styles="both") puts the strategy template in half the prompts
 
     # --- evaluation, checkpoints, logging, mesh -------------------------------------------------
     v = c.eval = mlc.ConfigDict()
@@ -265,7 +272,7 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     nonneg = ["algo.kappa", "algo.invalid_penalty", "algo.lam_strategy", "algo.lam_seg", "algo.omega",
               "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
               "env.history_length", "env.num_workers", "env.extra_receptacles", "env.distractors",
-              "algo.revise_every", "sft.steps"]
+              "algo.revise_every", "sft.steps", "sft.read_steps"]
     for key in nonneg:
         if _get(c, key) < 0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 0")
@@ -277,6 +284,8 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     if c.sft.epsilon and c.env.name != "household":
         raise ConfigError(f"config.sft.epsilon={c.sft.epsilon!r} is only wired for the household expert, "
                           f"not env.name={c.env.name!r}")
+    if not 0.0 < c.sft.read_max_share <= 1.0:
+        raise ConfigError(f"config.sft.read_max_share={c.sft.read_max_share!r} must be in (0, 1]")
     if not 0.0 <= c.sft.judge_share <= 1.0:
         raise ConfigError(f"config.sft.judge_share={c.sft.judge_share!r} must be in [0, 1]")
     if not 0.0 < c.sampling.top_p <= 1.0:

@@ -17,7 +17,7 @@ from configs.base import PROCEDURAL_ENVS
 from rollout.setup import model_settings
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
-from strata_jax.sft import make_sft_step
+from strata_jax.sft import make_sft_step, read_token_weights
 
 
 def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
@@ -44,7 +44,7 @@ def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
         make_tiny_model(init_dir, texts=corpus(config), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
                         layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
                         intermediate_size=int(m.tiny_intermediate), seed=int(config.seed))
-    if config.sft.steps <= 0:
+    if config.sft.steps <= 0 and config.sft.read_steps <= 0:
         return init_dir
     run_sft(config, init_dir, sft_dir, mesh)
     return sft_dir
@@ -85,26 +85,61 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     groups = length_groups([len(p) + len(r) for p, r in rows], config.train.length_buckets)
     # Every row ends with its response, so the head only runs on the last `window` columns.
     window = max(len(r) for _, r in rows)
+    pad_id = int(tok.pad_token_id or 0)
+    rng = np.random.default_rng(int(config.seed) + 7)
+    info = {"rows": len(rows), "steps": int(config.sft.steps)}
+    if int(config.sft.read_steps) > 0:
+        # Phase 1, reading: the loss on the words each answer copies from its prompt, and on
+        # nothing else (strata_jax.sft.read_token_weights says why), on the rows that have any.
+        weights = read_token_weights([context_tokens(p, tok) for p, _ in rows], [r for _, r in rows],
+                                     float(config.sft.read_max_share))
+        has = np.flatnonzero([w.any() for w in weights])
+        if not len(has):
+            raise ValueError("config.sft.read_steps > 0, but no demonstration answer copies a content word "
+                             "from its prompt: there is nothing to read")
+        read_groups = {k: has[v] for k, v in length_groups([len(rows[i][0]) + len(rows[i][1]) for i in has],
+                                                           config.train.length_buckets).items()}
+        params, loss = _sft_phase(config, graphdef, params, rows, read_groups, weights, window, pad_id, rng,
+                                  int(config.sft.read_steps), float(config.sft.read_lr), "sft read")
+        info.update(read_steps=int(config.sft.read_steps), read_rows=int(len(has)),
+                    read_tokens=int(sum(w.sum() for w in weights)), read_final_loss=float(loss))
+    ones = [np.ones(len(r), np.float32) for _, r in rows]
+    params, loss = _sft_phase(config, graphdef, params, rows, groups, ones, window, pad_id, rng,
+                              int(config.sft.steps), float(config.sft.lr), "sft")
+    export_hf(params, mcfg, tok, out_dir)
+    (out_dir / "sft_info.json").write_text(json.dumps({**info, "final_loss": float(loss)}))
+
+
+def _sft_phase(config, graphdef, params, rows, groups, weights, window, pad_id, rng, steps, lr, desc):
+    """`steps` AdamW steps (fresh moments, warm-up then cosine to 0 at `lr`) on the mean NLL of the
+    response tokens weighted by `weights[s]`; batches drawn from `groups`. Returns (params, last loss)."""
     opt = optax.chain(optax.clip_by_global_norm(1.0),
-                      optax.adamw(optax.warmup_cosine_decay_schedule(0.0, float(config.sft.lr), 20,
-                                                                     max(int(config.sft.steps), 21)),
-                                  weight_decay=0.0))
+                      optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, 20, max(steps, 21)), weight_decay=0.0))
     opt_state = opt.init(params)
     step = make_sft_step(graphdef, opt, int(config.train.logprob_chunk), window=window)
-    rng = np.random.default_rng(int(config.seed) + 7)
     b = int(config.sft.batch_rows)
-    bar = tqdm(range(int(config.sft.steps)), desc="sft", disable=not config.log.progress, dynamic_ncols=True)
     loss = float("nan")
-    for _ in bar:
+    for _ in (bar := tqdm(range(steps), desc=desc, disable=not config.log.progress, dynamic_ncols=True)):
         length, idx = sft_batch(groups, b, rng)
-        pk = pad_token_rows([rows[i][0] for i in idx], [rows[i][1] for i in idx],
-                            [np.zeros(len(rows[i][1]), np.float32) for i in idx], length, b,
-                            pad_id=int(tok.pad_token_id or 0))
-        params, opt_state, loss = step(params, opt_state, pk["tokens"], pk["attention_mask"], pk["loss_mask"])
+        # pad_token_rows places the weights where it places log-probs: on the response columns
+        pk = pad_token_rows([rows[i][0] for i in idx], [rows[i][1] for i in idx], [weights[i] for i in idx],
+                            length, b, pad_id=pad_id)
+        params, opt_state, loss = step(params, opt_state, pk["tokens"], pk["attention_mask"], pk["old_logp"])
         bar.set_postfix(loss=f"{float(loss):.3f}", length=length)
-    export_hf(params, mcfg, tok, out_dir)
-    (out_dir / "sft_info.json").write_text(json.dumps({"rows": len(rows), "steps": int(config.sft.steps),
-                                                       "final_loss": float(loss)}))
+    return params, loss
+
+
+def context_tokens(prompt_ids: np.ndarray, tokenizer) -> np.ndarray:
+    """The prompt's tokens an answer may read from: from "Your task is to" (the task, strategy and
+    observations) up to the last "Admissible actions" list, which names every option alike and
+    so says nothing about which one is right. A prompt without the markers is used whole."""
+    pieces = [tokenizer.decode([int(t)]) for t in prompt_ids]
+    ends = np.cumsum([len(x) for x in pieces])  # char offset after each token
+    text = "".join(pieces)
+    a, b = text.find("Your task is to"), text.rfind("Admissible actions")
+    lo = int(np.searchsorted(ends, a, side="right")) if a >= 0 else 0
+    hi = int(np.searchsorted(ends, b, side="right")) if b >= 0 else len(prompt_ids)
+    return np.asarray(prompt_ids[lo:hi])
 
 
 def length_groups(lengths, buckets) -> dict[int, np.ndarray]:
