@@ -205,7 +205,7 @@ def base_config() -> mlc.ConfigDict:
     # A first phase of `read_steps` steps at `read_lr` whose loss is only on the answer tokens copied
     # from the prompt's content (strata_jax.sft.read_token_weights: tokens in at most
     # `read_max_share` of the prompts), then `steps` on whole answers: without it the tiny models
-    # never learn to read a word from their prompt (docs/RESULTS.md, round 10).
+    # never learn to read a word from their prompt (docs/RESULTS.md, round 9; tests/test_read_sft.py).
     f.read_steps = 0
     f.read_lr = 2e-3
     f.read_max_share = 0.25  # a style mix (sft.styles="both") puts the strategy template in half the prompts

@@ -82,7 +82,8 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
         rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
         raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
-    groups = length_groups([len(p) + len(r) for p, r in rows], config.train.length_buckets)
+    lengths = np.asarray([len(p) + len(r) for p, r in rows])
+    groups = length_groups(lengths, config.train.length_buckets)
     # Every row ends with its response, so the head only runs on the last `window` columns.
     window = max(len(r) for _, r in rows)
     pad_id = int(tok.pad_token_id or 0)
@@ -97,8 +98,7 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
         if not len(has):
             raise ValueError("config.sft.read_steps > 0, but no demonstration answer copies a content word "
                              "from its prompt: there is nothing to read")
-        read_groups = {k: has[v] for k, v in length_groups([len(rows[i][0]) + len(rows[i][1]) for i in has],
-                                                           config.train.length_buckets).items()}
+        read_groups = {k: has[v] for k, v in length_groups(lengths[has], config.train.length_buckets).items()}
         params, loss = _sft_phase(config, graphdef, params, rows, read_groups, weights, window, pad_id, rng,
                                   int(config.sft.read_steps), float(config.sft.read_lr), "sft read")
         info.update(read_steps=int(config.sft.read_steps), read_rows=int(len(has)),
