@@ -17,6 +17,7 @@ import numpy as np
 
 from rollout.collect import RolloutConfig, collect
 from rollout.envs.base import TextEnv
+from rollout.envs.doors import LOCKED
 from rollout.envs.household import HouseholdEnv, solve
 from rollout.envs.shop import ShopEnv, expert_plan as shop_plan, expert_strategy as shop_strategy
 from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
@@ -199,6 +200,15 @@ _SIGN = re.compile(r"A sign here reads: (\w+)\.")  # rollout/envs/doors.py's sig
 _TAKE = re.compile(r"Your strategy for this episode: (\w+) doors from here on")
 _AT = re.compile(r"Current observation \(step \d+\):.*?You are at door (\d+) of")
 _SO_FAR = re.compile(r"Your strategy so far: (.*)")
+_JUDGED_STEP = re.compile(r"^(\d+)\. Observation: (.*?) \| Action:", re.M)  # rollout/prompts.py judge_prompt
+
+
+def doors_bad_steps(judge_text: str) -> list[int]:
+    """The steps of a judge prompt whose door stayed shut: those followed by an observation that
+    starts with the doors world's "The door is locked." (the last step's outcome is not in the
+    prompt, so it is never listed). A shut door changed nothing and advanced nothing."""
+    steps = {int(n): obs for n, obs in _JUDGED_STEP.findall(judge_text)}
+    return [n for n in sorted(steps) if steps.get(n + 1, "").startswith(LOCKED)]
 
 
 def doors_script(tasks: Sequence[int], seed: int = 0, sign_at: int = 0) -> Callable[[Messages, str, Hashable], str]:
@@ -225,8 +235,9 @@ def doors_script(tasks: Sequence[int], seed: int = 0, sign_at: int = 0) -> Calla
                 # the colour first, right after the prompt's "strategy for this episode:" (see doors.py)
                 return f"<strategy>{sign.group(1)} doors from here on.</strategy>"
             return f"<strategy>{so_far.group(1).strip() if so_far else DOORS_STRATEGY}</strategy>"
-        if kind == "judge":
-            return "<bad_steps>none</bad_steps>"
+        if kind == "judge":  # what the prompt shows: the steps after which the door stayed shut
+            bad = doors_bad_steps(text)
+            return f"<bad_steps>{', '.join(map(str, bad)) if bad else 'none'}</bad_steps>"
         doors = re.findall(r"'(open the \w+ door)'", text)
         at = _AT.search(text)
         named = _SIGN.search(text) or _TAKE.search(text)

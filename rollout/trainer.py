@@ -118,6 +118,8 @@ def sft_only(config, workdir) -> None:
     if config.model.path:
         raise ValueError("launch.py sft builds and warm-starts the tiny model; with config.model.path set, "
                          "give demonstrations via config.sft.demos and train from that path")
+    # saved like a training run's, so bench/eval_dump.py and `launch.py eval` can read the workdir
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     path = model_dir(config, workdir, make_mesh(config))
     print(f"SFT model: {path}")
 

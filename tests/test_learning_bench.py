@@ -1,10 +1,11 @@
 """bench/learning.py: per-algorithm configs at equal trajectories, and the run summary."""
 
 import argparse
-import importlib.util
 import pathlib
 
 import pytest
+
+from tests.bench_modules import load_bench
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
@@ -12,10 +13,7 @@ ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 
 @pytest.fixture(scope="module")
 def learning():
-    spec = importlib.util.spec_from_file_location("bench_learning", REPO / "bench" / "learning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("learning")
 
 
 def _args(**kw):

@@ -89,14 +89,9 @@ def test_signpost_rows_read_the_signs_colour_and_nothing_the_template_gives(sign
 
 
 def _probe():
-    import importlib.util
-    import pathlib
+    from tests.bench_modules import load_bench
 
-    spec = importlib.util.spec_from_file_location(
-        "read_probe", pathlib.Path(__file__).resolve().parents[1] / "bench" / "read_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.probe
+    return load_bench("read_probe").probe
 
 
 @pytest.mark.parametrize("read_steps", [200, 0])

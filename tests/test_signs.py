@@ -8,7 +8,7 @@ import pytest
 from rollout.demos import DOORS_STRATEGY, corpus, doors_script, sft_rows
 from rollout.envs.doors import COLORS, DoorsEnv
 from rollout.judge import state_changed
-from rollout.prompts import revision_prompt, step_prompt
+from rollout.prompts import judge_prompt, revision_prompt, step_prompt
 
 
 def _play(env, seed, choose):
@@ -61,6 +61,27 @@ def test_no_sign_keeps_the_corridor_and_its_tasks():
         DoorsEnv(options=2, sign_at=1)
     with pytest.raises(ValueError, match="sign_at"):
         DoorsEnv(options=3, sign_at=-1)
+
+
+def test_the_demonstrators_judgment_lists_the_doors_that_stayed_shut():
+    """The verdict is read from the judge prompt alone; the environment's own record of which steps
+    changed nothing is the reference (the last step's outcome is not in the prompt)."""
+    import random
+
+    env = DoorsEnv(doors=(5, 5), max_steps=9, options=3, sign_at=2)
+    script = doors_script([0], seed=0, sign_at=2)
+    listed = 0
+    for seed in range(12):
+        pick = random.Random(seed)
+        seen, infos = _play(env, seed, lambda e: pick.choice(["red", *COLORS[1:3]]))
+        actions = [f"step {i}" for i in range(len(seen) - 1)]  # the verdict must not depend on them
+        prompt = judge_prompt("go through every door.", DOORS_STRATEGY, list(zip(seen[:-1], actions)))
+        answer = script(prompt, "judge", (0, 0, 0))
+        # step i (1-based) acted on seen[i - 1]; infos[i] is its outcome, seen[i] the next prompt line
+        shut = [i for i in range(1, len(seen) - 1) if not infos[i]["state_changed"]]
+        assert answer == f"<bad_steps>{', '.join(map(str, shut)) if shut else 'none'}</bad_steps>"
+        listed += len(shut)
+    assert listed > 10  # random doors: most episodes have shut doors to list
 
 
 def _action(script, messages, key=(0, 0, 0, 0)):
@@ -128,8 +149,7 @@ def test_warm_start_rows_of_both_styles_hold_revisions(tmp_path):
 def test_read_probe_matches_transformers_torch_model(tmp_path):
     """bench/read_probe.py scores the sign's colour with our JAX forward; transformers' PyTorch
     model on the same prompts gives the same probabilities."""
-    import importlib.util
-    import pathlib
+    from tests.bench_modules import load_bench
 
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
@@ -146,11 +166,7 @@ def test_read_probe_matches_transformers_torch_model(tmp_path):
     c.env.horizon_min = c.env.horizon_max = c.env.max_steps = 4
     make_tiny_model(tmp_path, texts=corpus(c, num_tasks=16), vocab_size=640, hidden_size=32, layers=2, heads=2,
                     kv_heads=1, intermediate_size=64, seed=1)
-    spec = importlib.util.spec_from_file_location(
-        "read_probe", pathlib.Path(__file__).resolve().parents[1] / "bench" / "read_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    got = mod.probe(str(tmp_path), doors=4, options=6, sign_at=2, tasks=3)
+    got = load_bench("read_probe").probe(str(tmp_path), doors=4, options=6, sign_at=2, tasks=3)
     assert got["n"] == 6 and got["chance"] == pytest.approx(0.2)
 
     tok = AutoTokenizer.from_pretrained(tmp_path)
