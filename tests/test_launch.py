@@ -27,7 +27,8 @@ SMALL = [
 ]
 TINY = ["--config.model.tiny_hidden=32", "--config.model.tiny_layers=1", "--config.model.tiny_heads=2",
         "--config.model.tiny_kv_heads=1", "--config.model.tiny_intermediate=64", "--config.model.tiny_vocab=1024",
-        "--config.sft.steps=3", "--config.sft.num_tasks=8", "--config.sft.batch_rows=8"]
+        "--config.sft.steps=3", "--config.sft.read_steps=2", "--config.sft.num_tasks=8",
+        "--config.sft.batch_rows=8"]
 CONFIG = ["--config", str(REPO / "configs" / "tiny_household.py")]
 
 
@@ -53,6 +54,10 @@ def sft_model(tmp_path_factory):
     launch("sft", *CONFIG, *TINY, *SMALL, "--workdir", str(work))
     path = work / "sft_model"
     assert (path / "config.json").exists() and (path / "model.safetensors").exists()
+    saved = json.loads((work / "config.json").read_text())  # the run's config, for eval_dump / launch.py eval
+    assert saved["sft"]["steps"] == 3 and saved["model"]["tiny_hidden"] == 32  # TINY's overrides
+    info = json.loads((path / "sft_info.json").read_text())  # the default's reading phase ran first
+    assert info["read_steps"] == 2 and info["steps"] == 3 and np.isfinite(info["read_final_loss"])
     return path
 
 

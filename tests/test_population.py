@@ -54,7 +54,7 @@ def small_config(**algo):
     m = c.model
     m.tiny_hidden, m.tiny_layers, m.tiny_intermediate, m.tiny_vocab = 32, 1, 64, 1024
     m.tiny_heads, m.tiny_kv_heads = 2, 1
-    c.sft.steps = 0  # a random model: every task fails, which is all the equality needs
+    c.sft.steps = c.sft.read_steps = 0  # a random model: every task fails, which is all the equality needs
     c.iterations = ITERATIONS
     for k, v in algo.items():
         a[k] = v
