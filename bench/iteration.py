@@ -68,7 +68,6 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
         raise SystemExit(f"--config {config_file}: algo.name is {strata.algo.name!r}, expected 'strata'")
     apply_overrides(strata, overrides)
     strata.sft.steps = sft_steps
-    strata.sft.read_steps = 0  # the figure is the iteration's cost, not the warm start's quality
     strata.log.progress = False
     strata.eval.every = 0
     strata.checkpoint.every = 0

@@ -56,7 +56,7 @@ def sft_model(tmp_path_factory):
     assert (path / "config.json").exists() and (path / "model.safetensors").exists()
     saved = json.loads((work / "config.json").read_text())  # the run's config, for eval_dump / launch.py eval
     assert saved["sft"]["steps"] == 3 and saved["model"]["tiny_hidden"] == 32  # TINY's overrides
-    info = json.loads((path / "sft_info.json").read_text())  # the default's reading phase ran first
+    info = json.loads((path / "sft_info.json").read_text())  # TINY's reading phase ran first
     assert info["read_steps"] == 2 and info["steps"] == 3 and np.isfinite(info["read_final_loss"])
     return path
 
