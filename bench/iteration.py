@@ -1,6 +1,6 @@
 """Time per training iteration on the household world, StraTA vs GRPO at equal trajectories.
 
-Both runs use the embedded default (configs/tiny_household.py) from the same SFT'd tiny model,
+Both runs use the household config (configs/tiny_household.py) from the same SFT'd tiny model,
 which is built once in a temporary workdir with a short SFT (`--sft-steps`). StraTA runs
 P x N x M = 4 x 2 x 4 trajectories per iteration, GRPO P x G = 4 x 8 (no strategies, no
 self-judgment), everything else equal. Phases are taken from the trainer's own metrics row
@@ -24,7 +24,7 @@ length; the per-env-step time is printed too.
     python bench/iteration.py [--iterations 2] [--repeats 2] [--sft-steps 30] [--keep DIR] [--set KEY=VALUE ...]
                               [--config configs/tiny_alfworld.py]
 
-`--config` swaps the embedded default for another StraTA config (the same GRPO twin is derived
+`--config` swaps the household config for another StraTA config (the same GRPO twin is derived
 from it): configs/tiny_alfworld.py runs real ALFWorld games (unpack them first, see that file),
 the regime of the StraTA paper's +2.3% (ALFWorld prompts, long episodes).
 
@@ -53,7 +53,7 @@ PHASES = ("strategies", "actions", "judgment", "scoring", "advantages", "update"
 
 
 def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "configs/tiny_household.py"):
-    """(StraTA config, GRPO config) from a StraTA config file (default: the embedded default); same
+    """(StraTA config, GRPO config) from a StraTA config file (default: the household config); same
     model, same everything else."""
     import copy
     import importlib.util

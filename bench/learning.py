@@ -4,7 +4,7 @@ Every run starts from the same tiny model, warm-started once by SFT on expert de
 both prompt styles (`sft.styles = "both"`: strategy-conditioned rows for StraTA, flat rows for the
 others), and trains for the same number of iterations on the same trajectories per iteration
 (StraTA P x N x M = flat P x G), on household tasks with L* from `--horizon` (default 2..8, the
-embedded default's range; the household world spans 2..12). Held-out success is measured before
+household config's range; the household world spans 2..12). Held-out success is measured before
 training (iteration 0: the SFT start) and every `--eval-every` iterations, overall and per horizon
 bucket (short L* <= 4, medium 5..7, long >= 8).
 
@@ -27,7 +27,7 @@ warm start then holds the expert's revision rows; `ALGO:judge` trains the self-j
 (`judge.samples = --judge-samples`, `algo.judge_train`), `ALGO:judge-untrained` draws as many
 judgments without training them (the control). An entry without a variant revises nothing.
 
-`--default` measures the embedded default instead (README command 1, `configs/tiny_household.py`
+`--default` measures the embedded default instead (README command 1, launch.py's `DEFAULT_CONFIG`
 as it is, each seed from its own SFT, exactly `python launch.py --config.seed=S`) and prints one
 comparable figure: the held-out success gain over the SFT start, mean ± sd over the seeds, with
 each seed's gain (`default_gain.json` beside the runs).
@@ -259,12 +259,20 @@ def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
     """Train the embedded default once per seed (resumable) -> gains and the figure's line."""
     import numpy as np
 
-    from configs.tiny_household import get_config
+    import importlib.util
+
     from rollout import trainer
 
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("launch", root / "launch.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)  # only for DEFAULT_CONFIG: its flags are defined in its __main__
+    spec = importlib.util.spec_from_file_location("default_config", launch.DEFAULT_CONFIG)
+    default = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(default)
     runs = {}
     for s in seeds:
-        c = get_config()
+        c = default.get_config()
         c.seed = int(s)
         c.log.progress = progress
         wd = out / f"default_s{s}"
@@ -272,7 +280,7 @@ def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
         if not finished(wd, int(c.iterations)):
             trainer.train(c, wd)
         r = summarise(read_metrics(wd))
-        runs[s] = {k: r[k] for k in ("eval_start", "eval_end", "greedy_start", "greedy_end")}
+        runs[s] = {k: r[k] for k in ("eval_start", "eval_end", "greedy_start", "greedy_end", "curve")}
         runs[s]["gain"] = r["eval_end"] - r["eval_start"]
         runs[s]["greedy_gain"] = (r["greedy_end"] - r["greedy_start"]) if r["greedy_start"] is not None else None
         print(f"seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
@@ -282,13 +290,37 @@ def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
             f"{list(seeds)} (each: {', '.join(f'{g:+.3f}' for g in gains)}; min {gains.min():+.3f})")
     (out / "default_gain.json").write_text(json.dumps({"runs": runs, "mean": float(gains.mean()),
                                                        "sd": float(gains.std()), "line": line}, indent=1))
+    default_plot(runs, seeds, out, gain=f"{gains.mean():+.3f} ± {gains.std():.3f} over seeds {list(seeds)}")
     return {"runs": runs, "line": line}
+
+
+def default_plot(runs: dict, seeds, out: pathlib.Path, gain: str) -> None:
+    """`default_eval_success.png`: each seed's held-out success per iteration, its start dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in seeds:
+        its, ys = zip(*runs[s]["curve"])
+        line, = ax.plot(its, ys, marker="o", label=f"seed {s}: {ys[0]:.3f} -> {ys[-1]:.3f}")
+        ax.axhline(ys[0], ls="--", lw=1, color=line.get_color())
+    ax.set_xlabel("iteration (0 = SFT start)")
+    ax.set_ylabel("held-out success (dashed: each seed's start)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Embedded default (README command 1): held-out success gain {gain}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "default_eval_success.png", dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--default", action="store_true",
-                   help="measure the embedded default (configs/tiny_household.py) per seed: the gain figure")
+                   help="measure the embedded default (launch.py's DEFAULT_CONFIG) per seed: the gain figure")
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--algos", default=",".join(ALGOS))
     p.add_argument("--seeds", default="0,1,2")

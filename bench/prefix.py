@@ -7,7 +7,7 @@ random tokens, greedy, `--new` new tokens. Both samplers are compiled first; the
 interleaved, best of `--repeats`. Prints, per shape, the padded prefill tokens and the wall time
 of `generate` for each, and the speed-up:
 
-    python bench/prefix.py                       # the embedded default's action call and an ALFWorld-sized one
+    python bench/prefix.py                       # the household config's action call and an ALFWorld-sized one
     python bench/prefix.py --shapes 8x4:160+160  # G x M : prefix + suffix tokens
 """
 

@@ -15,7 +15,7 @@ glibc as it is. Both sides compute the log-probs of the response window only, as
 every position on both sides.
 
 --shared-prefix: the update with shared prompt prefixes (`train.shared_prefix`, strata_jax/packing.py)
-against the plain one, on the embedded default's model shape (hidden 64, 2 layers, vocab 2048) and
+against the plain one, on the household config's model shape (hidden 64, 2 layers, vocab 2048) and
 rows shaped like its StraTA action rows: G prefixes of ~180 tokens (intro, task, strategy, start
 memory) shared by the rows of a strategy, a ~45-token step part and a 20-token response each,
 mini-batches of --batch rows drawn at random from the G x M rows, one pinned thread, steps
@@ -202,7 +202,7 @@ def _torch_runner(model, batch: TokenBatch, window: int | None):
 
 def prefix_rows(groups: int, per_group: int, length: int, vocab: int, seed: int = 0) -> TokenBatch:
     """G x M rows [G*M, length], left-padded: a ~180-token prefix per group, then a ~45-token step
-    part and a 20-token trained response per row (the embedded default's action rows), at most 256."""
+    part and a 20-token trained response per row (the household config's action rows), at most 256."""
     r = np.random.default_rng(seed)
     tok = lambda n: r.integers(1, vocab, n).tolist()  # noqa: E731
     s = groups * per_group

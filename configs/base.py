@@ -290,7 +290,7 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         raise ConfigError(f"config.sft.judge_share={c.sft.judge_share!r} must be in [0, 1]")
     if not 0.0 < c.sampling.top_p <= 1.0:
         raise ConfigError(f"config.sampling.top_p={c.sampling.top_p!r} must be in (0, 1]")
-    if c.sampling.strategy_temperature >= 0 and c.algo.name not in ("strata", "strata_beacon"):
+    if c.sampling.strategy_temperature >= 0 and c.algo.name not in ("strata", "strata+beacon"):
         raise ConfigError(f"config.sampling.strategy_temperature={c.sampling.strategy_temperature!r} is set, but "
                           f"algo.name={c.algo.name!r} samples no strategies (set it to -1)")
     if c.sampling.temperature < 0 or c.sampling.eval_temperature < 0:

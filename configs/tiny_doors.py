@@ -11,8 +11,9 @@ stays flat when it is not. Run it after installing on a new machine or porting t
 before a long run. tests/test_learnability.py runs the same set-up for every algorithm, with an
 lr-0 control.
 
-This is a check of the pipeline, not a study: the household default (configs/tiny_household.py)
-is the world to learn agents on.
+This is a check of the pipeline, not a study: the embedded default (configs/tiny_signs.py, the
+same corridor with a signpost that a revised strategy must carry) is where the tiny model learns
+something an agent needs; configs/tiny_household.py is ALFWorld's task grammar.
 """
 
 from configs.base import base_config, with_algo_env

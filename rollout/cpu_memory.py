@@ -12,7 +12,7 @@ step). With mmap off, a high trim threshold and a single arena, freed blocks sta
 and the next call reuses pages that are already mapped.
 
 `launch.py` and the test suite call `keep_freed_memory_on_cpu()`, which applies it only in a process
-that will run on the CPU (the embedded default's SFT: 300 steps in 60 s against 78 s with glibc's
+that will run on the CPU (the household config's SFT: 300 steps in 60 s against 78 s with glibc's
 defaults, docs/BENCHMARKS.md); `STRATA_KEEP_FREED_MEMORY=0` turns it off, `=1` forces it.
 
 Costs: memory the process frees is not returned to the OS (the heap keeps its peak), and every

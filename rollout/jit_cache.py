@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache for launch.py runs: a restarted or repeated run loads its
 compiled programs from disk instead of compiling them again.
 
-On the CPU the embedded default compiles about 80 programs (a sampler per batch and prompt
+On the CPU the household config compiles about 80 programs (a sampler per batch and prompt
 bucket, the train step, the advantages); with the cache warm, the CI smoke run of `launch.py`
 took 34 s instead of 100 s (docs/BENCHMARKS.md). A program is looked up by its HLO, the jax
 version and the compile options, so a changed model or config compiles anew.

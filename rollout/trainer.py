@@ -61,7 +61,11 @@ def train(config, workdir) -> dict:
         if evaluating else None
     etasks = eval_tasks(c, n_eval)
     types = task_types_of(c, etasks, c.env.eval_split) if evaluating else {}
-    title = f"{c.algo.name} on {c.env.name} ({workdir.name})"
+    world = c.env.name
+    if world == "doors" and int(c.env.doors_sign_at) > 0:  # the signpost corridor (configs/tiny_signs.py)
+        world = f"the signpost corridor (sign at door {int(c.env.doors_sign_at) + 1})"
+    revise = f" (strategy revised every {int(c.algo.revise_every)} steps)" if int(c.algo.revise_every) > 0 else ""
+    title = f"{c.algo.name}{revise} on {world} ({workdir.name})"
     if not run.lead:
         c = _quiet(c)
     if run.start_iteration == 1 and evaluating:

@@ -1,7 +1,7 @@
 """Token rows with their shared prompt prefixes split off: the update's and the scoring's input.
 
 In a StraTA iteration the step prompts of the M trajectories of one (task, strategy) begin with the
-same intro, task, strategy and start memory (~150-200 of ~250 tokens in the embedded default).
+same intro, task, strategy and start memory (~150-200 of ~250 tokens in the household config).
 Teacher-forcing every row in full pays for those tokens once per row; `SharedBatch` runs each
 common prefix once ([U, Tpre]) and every row's remainder ([S, Ls], its suffix) against the
 prefix's keys and values (`strata_jax.train.shared_sequence_logprobs`).

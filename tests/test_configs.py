@@ -28,6 +28,19 @@ def test_one_config_per_algo_and_env():
     assert "tiny_household" in names
 
 
+def test_the_embedded_default_is_the_signpost_corridor_with_a_revision_at_the_sign():
+    """README command 1 (a bare `python launch.py`) runs configs/tiny_signs.py: StraTA whose
+    strategy is revised right where the sign is read, from a warm start with the reading phase."""
+    import launch
+
+    assert launch.DEFAULT_CONFIG == REPO / "configs" / "tiny_signs.py"
+    c = validate(_load(launch.DEFAULT_CONFIG))
+    assert (c.algo.name, c.env.name, c.env.doors_sign_at, c.algo.revise_every) == ("strata", "doors", 3, 3)
+    assert c.env.history_length == 0  # the sign leaves the prompt: only a revised strategy carries it
+    assert c.sft.read_steps > 0  # without the reading phase the tiny model never reads the sign
+    assert c.eval.num_tasks >= 64 and c.train.warmup_steps > 0
+
+
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_config_validates(path):
     c = validate(_load(path))

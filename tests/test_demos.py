@@ -1,4 +1,4 @@
-"""Expert demonstrations (rollout/demos.py) and the household options the embedded default uses."""
+"""Expert demonstrations (rollout/demos.py) and the household options configs/tiny_household.py uses."""
 
 import re
 

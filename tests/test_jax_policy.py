@@ -48,9 +48,14 @@ def test_strategy_temperature_is_refused_without_strategies():
     c.sampling.strategy_temperature = 0.5
     with pytest.raises(ConfigError, match="strategy_temperature"):
         validate(c)
-    c = with_algo_env(base_config(), "strata", "household")
-    c.sampling.strategy_temperature = 0.5
-    validate(c)  # StraTA accepts it
+    for algo in ("strata", "strata+beacon", "beacon"):
+        c = with_algo_env(base_config(), algo, "household")
+        c.sampling.strategy_temperature = 0.5
+        if algo.startswith("strata"):
+            validate(c)  # both strategy-sampling algorithms accept it (strata+beacon was refused: a typo)
+        else:
+            with pytest.raises(ConfigError, match="strategy_temperature"):
+                validate(c)
 
 
 def test_stop_sequences_catch_a_tag_merged_with_the_text_before_it(tmp_path):

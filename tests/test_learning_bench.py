@@ -163,3 +163,33 @@ def test_revision_arm_runs_from_the_command_line(tmp_path):
     # max_steps 3, K = 1: revisions before steps 1 and 2 of every trajectory (none ends early: 3 doors, 3 steps)
     assert len(revised) == len(texts["trajectories"]) > 0
     assert all([r["step"] for r in t["revisions"]] == [1, 2] for t in revised)
+
+
+def test_default_gains_trains_what_a_bare_launch_runs(learning, tmp_path, monkeypatch):
+    """`--default` measures README command 1: launch.py's DEFAULT_CONFIG per seed (it measured the
+    household file by name while the default moved), and its line reports each seed's gain."""
+    import json
+
+    from rollout import trainer
+
+    trained = []
+
+    def fake_train(config, workdir):  # the figures of a run whose seed s gained 0.1 * (s + 1)
+        trained.append((config.seed, config.env.name, config.env.doors_sign_at, config.algo.revise_every))
+        g = 0.1 * (config.seed + 1)
+        rows = [{"iteration": 0, "eval/success": 0.25, "eval_greedy/success": 0.25},
+                {"iteration": config.iterations, "train/success": 0.5, "eval/success": 0.25 + g,
+                 "eval_greedy/success": 0.5}]
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    out = learning.default_gains([0, 1], tmp_path, progress=False)
+    assert trained == [(0, "doors", 3, 3), (1, "doors", 3, 3)]  # configs/tiny_signs.py, seeded
+    assert [out["runs"][s]["gain"] for s in (0, 1)] == pytest.approx([0.1, 0.2])
+    assert "+0.150 ± 0.050" in out["line"] and "min +0.100" in out["line"]
+    assert json.loads((tmp_path / "default_gain.json").read_text())["mean"] == pytest.approx(0.15)
+    assert out["runs"][1]["curve"] == [(0, 0.25), (24, pytest.approx(0.45))]  # the plot's line for seed 1
+    assert (tmp_path / "default_eval_success.png").stat().st_size > 0
+    learning.default_gains([0, 1], tmp_path, progress=False)  # finished runs are not trained again
+    assert len(trained) == 2

@@ -2,7 +2,7 @@
 
 "step": every step row weighs the same (the loss is a token mean over the mini-batch). Then a
 trajectory's weight grows with its length. In an agent task the losers usually run to max_steps
-while the winners stop early. For example, in the embedded default the winners took 3.7-4.6 steps and
+while the winners stop early. For example, in the household config the winners took 3.7-4.6 steps and
 the losers 12. The zero-mean group advantages then sum to a clearly negative total over step rows
 (-57 of |223| in one iteration), so every token that winners and losers share is pushed down: the
 format tags and the common commands. The policy drifts into junk that no single
