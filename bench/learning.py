@@ -57,6 +57,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from rollout.report import BUCKETS, read_metrics  # noqa: E402  (after the repo is on the path)
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
+TRAIN_CURVES = ("outcome_full", "outcome_partial", "outcome_none", "esu", "car")
 
 
 VARIANTS = ("revise", "judge", "judge-untrained")
@@ -167,6 +168,9 @@ def summarise(rows: list[dict]) -> dict:
            "invalid_rate": _mean([r.get("train/invalid_rate") for r in train]),
            "iteration_s": _mean([r.get("time/iteration_s") for r in train]),
            "curve": [(r["iteration"], r["eval/success"]) for r in evals],
+           # per training iteration, for training_diagnostics.png: BEACON's Figure 2a (the outcome
+           # split: every milestone / some / none) and 2b (CAR, ESU)
+           "train_curves": {k: [r.get(f"train/{k}") for r in train] for k in TRAIN_CURVES},
            # issue #15's arms: the majority judgment against the environment's labels, per iteration
            "judge_precision": [r.get("judge/precision") for r in train],
            "judge_recall": [r.get("judge/recall") for r in train]}
@@ -235,6 +239,8 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
     fig.savefig(out / "eval_success.png", dpi=120)
     plt.close(fig)
 
+    training_diagnostics(results, algos, seeds, out, world)
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     width = 0.8 / max(len(algos), 1)
     for k, a in enumerate(algos):
@@ -252,6 +258,38 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "success_by_horizon.png", dpi=120)
+    plt.close(fig)
+
+
+def training_diagnostics(results: dict, algos, seeds, out: pathlib.Path, world: str) -> None:
+    """`training_diagnostics.png`, per training iteration, mean over seeds, one line per arm: the
+    share of trajectories that won (full), reached a milestone without winning (partial) or reached
+    none, then CAR and ESU (BEACON's Figure 2a and 2b; strata_jax/diagnostics.py)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = [("outcome_full", "full: won"), ("outcome_partial", "partial: a milestone, not won"),
+              ("outcome_none", "none: no milestone"), ("car", "CAR"), ("esu", "ESU (share of non-zero advantages)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for ax, (key, label) in zip(axes, panels):
+        for a in algos:
+            ys = [results[f"{a}/s{s}"].get("train_curves", {}).get(key) for s in seeds if f"{a}/s{s}" in results]
+            ys = [y for y in ys if y and all(v is not None for v in y)]
+            if not ys:
+                continue
+            n = min(len(y) for y in ys)
+            m = np.asarray([y[:n] for y in ys], np.float64).mean(0)
+            ax.plot(np.arange(1, n + 1), m, marker=".", label=a)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("training iteration")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{world.capitalize()} study, training diagnostics (mean over seeds {list(seeds)})")
+    fig.tight_layout()
+    fig.savefig(out / "training_diagnostics.png", dpi=110)
     plt.close(fig)
 
 

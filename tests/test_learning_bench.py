@@ -91,6 +91,11 @@ def test_summary_of_a_hand_written_history(learning, tmp_path):
     assert s["invalid_rate"] == pytest.approx(0.2) and s["iteration_s"] == pytest.approx(15.0)
     assert (s["start_short"], s["end_short"], s["end_long"], s["n_long"], s["end_medium"]) == (1.0, 0.5, 0.0, 2, None)
     assert s["curve"] == [(0, 0.5), (2, 0.75)]
+    assert s["train_curves"]["esu"] == [0.4, 0.6] and s["train_curves"]["car"] == [0.2, 0.4]
+    assert s["train_curves"]["outcome_full"] == [None, None]  # not logged in these rows
+    two = dict(s, train_curves=dict(s["train_curves"], outcome_full=[0.1, 0.3]))
+    learning.training_diagnostics({"grpo/s0": two, "beacon/s0": s}, ["grpo", "beacon"], [0], tmp_path, "doors")
+    assert (tmp_path / "training_diagnostics.png").stat().st_size > 0
     md = learning.table({"grpo/s0": s, "grpo/s1": dict(s, eval_end=0.25)}, ["grpo", "strata"], [0, 1])
     lines = md.splitlines()
     assert len(lines) == 3  # header, rule, one algorithm with results (strata has none)
