@@ -111,6 +111,8 @@ def base_config(args):
     c.env.horizon_min, c.env.horizon_max = args.horizon
     c.eval.every = int(args.eval_every)
     c.eval.num_tasks = int(args.eval_tasks)
+    if c.eval.num_tasks > max(c.sampling.batch_buckets):  # the held-out tasks are one policy call
+        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
     c.checkpoint.every = int(args.iterations)
     c.log.plots_every = 0
     c.log.progress = bool(args.progress)

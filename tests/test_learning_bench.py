@@ -46,6 +46,12 @@ def test_doors_world_one_step_per_door_and_equal_trajectories(learning):
         per_task = c.algo.num_strategies * c.algo.traj_per_strategy if algo.startswith("strata") else c.algo.group_size
         assert per_task == 8 and c.env.name == "doors" and c.algo.name == algo
     assert learning.base_config(_args(world="doors", horizon=(4, 6), sft_steps=30)).sft.steps == 30
+    # 96 held-out corridors are one policy call: a bucket for them is added (validate refused it)
+    from configs.base import validate
+
+    wide = learning.base_config(_args(world="doors", horizon=(2, 12), eval_tasks=96))
+    assert max(wide.sampling.batch_buckets) == 96
+    validate(learning.run_config(wide, "beacon", seed=0, model_path="/m"))
 
 
 def test_issue15_arms_differ_only_in_their_variant(learning):
