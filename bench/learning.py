@@ -91,6 +91,8 @@ def base_config(args):
         c = doors("strata")  # already sft.styles = "both"
         c.env.max_steps = int(args.max_steps or args.horizon[1])
         c.train.mini_batch_rows = 8 * int(c.env.max_steps)
+        if c.env.max_steps > 8:  # the self-judgment prompt lists every step: 12 steps are ~550 tokens
+            c.sampling.prompt_buckets = (*c.sampling.prompt_buckets, 1024 if c.env.max_steps <= 20 else 2048)
         if args.world == "signs":
             c.env.doors_options = 3
             c.env.doors_sign_at = int(args.sign_at)

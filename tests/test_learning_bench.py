@@ -51,6 +51,7 @@ def test_doors_world_one_step_per_door_and_equal_trajectories(learning):
 
     wide = learning.base_config(_args(world="doors", horizon=(2, 12), eval_tasks=96))
     assert max(wide.sampling.batch_buckets) == 96
+    assert max(wide.sampling.prompt_buckets) == 1024  # a 12-step judge prompt (544 tokens) crashed at 512
     validate(learning.run_config(wide, "beacon", seed=0, model_path="/m"))
 
 
