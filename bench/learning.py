@@ -50,6 +50,7 @@ import os
 import pathlib
 import sys
 import time
+import warnings
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -172,6 +173,7 @@ def summarise(rows: list[dict]) -> dict:
            "invalid_rate": _mean([r.get("train/invalid_rate") for r in train]),
            "iteration_s": _mean([r.get("time/iteration_s") for r in train]),
            "curve": [(r["iteration"], r["eval/success"]) for r in evals],
+           "bucket_curves": {b: [(r["iteration"], r.get(f"eval/success_{b}")) for r in evals] for b in BUCKETS},
            # per training iteration, for training_diagnostics.png: BEACON's Figure 2a (the outcome
            # split: every milestone / some / none) and 2b (CAR, ESU)
            "train_curves": {k: [r.get(f"train/{k}") for r in train] for k in TRAIN_CURVES},
@@ -245,24 +247,40 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
 
     training_diagnostics(results, algos, seeds, out, world)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # Two panels: the first evaluation after the start, where the algorithms differ most when all
+    # of them end at the ceiling (the corridor), and the end of training.
+    first = {r["curve"][1][0] for r in results.values() if len(r["curve"]) > 1}
+    panels = [("early", min(first))] if first else []
+    panels.append(("end", None))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     width = 0.8 / max(len(algos), 1)
-    for k, a in enumerate(algos):
-        rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
-        if not rs:
-            continue
-        ms = [np.nanmean([np.nan if r[f"end_{b}"] is None else r[f"end_{b}"] for r in rs]) for b in BUCKETS]
-        sds = [np.nanstd([np.nan if r[f"end_{b}"] is None else r[f"end_{b}"] for r in rs]) for b in BUCKETS]
-        ax.bar(np.arange(3) + k * width, ms, width, yerr=sds, capsize=3, label=a)
-    ax.set_xticks(np.arange(3) + width * (len(algos) - 1) / 2)
-    ax.set_xticklabels(["short (L* ≤ 4)", "medium (5-7)", "long (≥ 8)"])
-    ax.set_ylabel("held-out success after training")
-    ax.set_title("Success by horizon bucket, mean ± sd over seeds")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend()
+    for ax, (when, it) in zip(axes[0], panels):
+        for k, a in enumerate(algos):
+            rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
+            if not rs:
+                continue
+            vals = [[np.nan if v is None else v for v in (_bucket_at(r, b, it) for r in rs)] for b in BUCKETS]
+            with warnings.catch_warnings():  # a bucket without tasks is NaN (no bar), not a warning
+                warnings.simplefilter("ignore", RuntimeWarning)
+                ms, sds = [np.nanmean(vs) for vs in vals], [np.nanstd(vs) for vs in vals]
+            ax.bar(np.arange(3) + k * width, ms, width, yerr=sds, capsize=3, label=a)
+        ax.set_xticks(np.arange(3) + width * (len(algos) - 1) / 2)
+        ax.set_xticklabels(["short (L* ≤ 4)", "medium (5-7)", "long (≥ 8)"])
+        ax.set_ylabel("held-out success " + ("after training" if it is None else f"at iteration {it}"))
+        ax.set_title("Success by horizon bucket " + ("after training" if it is None else f"at iteration {it}")
+                     + ", mean ± sd over seeds", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend()
     fig.tight_layout()
     fig.savefig(out / "success_by_horizon.png", dpi=120)
     plt.close(fig)
+
+
+def _bucket_at(r: dict, bucket: str, iteration) -> float | None:
+    """A run's held-out success in one horizon bucket at an evaluated iteration (None: the end)."""
+    if iteration is None:
+        return r[f"end_{bucket}"]
+    return dict(r.get("bucket_curves", {}).get(bucket, [])).get(iteration)
 
 
 def training_diagnostics(results: dict, algos, seeds, out: pathlib.Path, world: str) -> None:
@@ -290,7 +308,8 @@ def training_diagnostics(results: dict, algos, seeds, out: pathlib.Path, world: 
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("training iteration")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.suptitle(f"{world.capitalize()} study, training diagnostics (mean over seeds {list(seeds)})")
     fig.tight_layout()
     fig.savefig(out / "training_diagnostics.png", dpi=110)

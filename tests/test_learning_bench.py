@@ -103,6 +103,11 @@ def test_summary_of_a_hand_written_history(learning, tmp_path):
     two = dict(s, train_curves=dict(s["train_curves"], outcome_full=[0.1, 0.3]))
     learning.training_diagnostics({"grpo/s0": two, "beacon/s0": s}, ["grpo", "beacon"], [0], tmp_path, "doors")
     assert (tmp_path / "training_diagnostics.png").stat().st_size > 0
+    assert s["bucket_curves"]["short"] == [(0, 1.0), (2, 0.5)] and s["bucket_curves"]["long"] == [(0, None), (2, 0.0)]
+    assert learning._bucket_at(s, "short", 2) == 0.5 and learning._bucket_at(s, "short", 0) == 1.0
+    assert learning._bucket_at(s, "long", None) == 0.0 and learning._bucket_at(s, "medium", 2) is None
+    learning.plots({"grpo/s0": s}, ["grpo"], [0], tmp_path, "doors")  # panels: iteration 2, the end
+    assert (tmp_path / "success_by_horizon.png").stat().st_size > 0
     md = learning.table({"grpo/s0": s, "grpo/s1": dict(s, eval_end=0.25)}, ["grpo", "strata"], [0, 1])
     lines = md.splitlines()
     assert len(lines) == 3  # header, rule, one algorithm with results (strata has none)
