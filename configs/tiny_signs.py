@@ -1,4 +1,4 @@
-"""The signpost corridor: StraTA with strategy revision, on the CPU, in about 6 minutes.
+"""The signpost corridor: StraTA with strategy revision, on the CPU, in about 7 minutes.
 
     python launch.py --config configs/tiny_signs.py --workdir runs/signs
 
