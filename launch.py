@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
         from rollout.population import parse_train_grid
 
         try:
-            (parse_train_grid if FLAGS.train else parse_grid)(FLAGS.grid)
+            (parse_train_grid if FLAGS.train else parse_grid)(FLAGS.grid, algo=config.algo.name)
         except ValueError as e:
             print(f"grid error: {e}", file=sys.stderr)
             return 2

@@ -29,10 +29,16 @@ SWEEPABLE = ("delta", "kappa", "gamma", "beacon_gamma", "lam_seg", "omega", "inv
 # it, so only a population training (`ablate --train`) sweeps it.
 LOSS_ONLY = ("lam_strategy",)
 METRICS = ("esu", "zero_adv_ratio", "car", "ccr")
+# The algorithms whose advantages (or loss) read each parameter (strata_jax/advantages/). A grid
+# over a parameter the run's algorithm never reads would train or score K identical copies.
+_STRATA, _BEACON = ("strata", "strata+beacon"), ("beacon", "strata+beacon")
+READ_BY = {"delta": _STRATA, "kappa": _STRATA, "c_len": _STRATA, "c_fmt": _STRATA, "lam_strategy": _STRATA,
+           "gamma": ("gigpo",), "omega": ("gigpo",), "beacon_gamma": _BEACON, "lam_seg": _BEACON, "r_ms": _BEACON}
 
 
-def parse_grid(specs: list[str], allowed: tuple[str, ...] = SWEEPABLE) -> dict[str, list[float]]:
-    """['delta=0.25,0.5', 'kappa=0,0.1'] -> {'delta': [0.25, 0.5], 'kappa': [0.0, 0.1]}; names checked."""
+def parse_grid(specs: list[str], allowed: tuple[str, ...] = SWEEPABLE, algo: str | None = None) -> dict[str, list[float]]:
+    """['delta=0.25,0.5', 'kappa=0,0.1'] -> {'delta': [0.25, 0.5], 'kappa': [0.0, 0.1]}; names checked,
+    and with `algo` also that the algorithm reads each name (READ_BY)."""
     if not specs:
         raise ValueError("ablate needs at least one --grid NAME=v1,v2,...")
     grid = {}
@@ -46,6 +52,9 @@ def parse_grid(specs: list[str], allowed: tuple[str, ...] = SWEEPABLE) -> dict[s
                              "sweep it with `launch.py ablate --train`")
         if name not in allowed:
             raise ValueError(f"--grid {name!r} is not sweepable; choose from {list(allowed)}")
+        if algo is not None and algo not in READ_BY.get(name, (algo,)):
+            raise ValueError(f"--grid {name!r} is not read by algo.name={algo!r} (only by {', '.join(READ_BY[name])}): "
+                             "every grid point would give the same result")
         if name in grid:
             raise ValueError(f"--grid {name!r} given twice")
         try:
@@ -155,7 +164,7 @@ def write_outputs(rows: list[dict], grid: dict, out_dir: pathlib.Path) -> None:
 
 
 def run_ablation(config, workdir: pathlib.Path, specs: list[str]) -> pathlib.Path:
-    grid = parse_grid(specs)
+    grid = parse_grid(specs, algo=config.algo.name)
     batches = load_batches(workdir)
     rows = ablation_table(batches, advantage_params(config), grid, config.algo.name)
     write_outputs(rows, grid, workdir)

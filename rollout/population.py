@@ -67,7 +67,7 @@ _TOKEN_FIELDS = ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp"
 # the grid
 
 
-def parse_train_grid(specs: list[str]) -> dict[str, list[float]]:
+def parse_train_grid(specs: list[str], algo: str | None = None) -> dict[str, list[float]]:
     """The grid of a population run; a name outside the traced advantage parameters is refused
     with its name (a different algorithm or shape is a different program, not a vmapped value)."""
     for spec in specs:
@@ -77,7 +77,7 @@ def parse_train_grid(specs: list[str]) -> dict[str, list[float]]:
                 f"--grid {name!r} cannot be trained as one vmapped population: only traced advantage "
                 f"parameters can differ between copies ({list(SWEEPABLE + LOSS_ONLY)}); {name!r} changes the "
                 "program (algorithm, shapes or rollout), so run separate `launch.py train` jobs for it")
-    return parse_grid(specs, SWEEPABLE + LOSS_ONLY)
+    return parse_grid(specs, SWEEPABLE + LOSS_ONLY, algo=algo)
 
 
 def copy_label(point: dict) -> str:
@@ -206,7 +206,7 @@ class Population:
         if float(config.train.ptx_coef) > 0 or not config.train.rl_update:
             raise ValueError("ablate --train has no ptx steps (config.train.ptx_coef / rl_update): its vmapped "
                              "update is the policy loss alone; run ptx as separate `launch.py` runs")
-        self.grid = parse_train_grid(specs)
+        self.grid = parse_train_grid(specs, config.algo.name)
         self.workdir = pathlib.Path(workdir)
         self.config = config
         self.points, self.adv_params = grid_points(advantage_params(config), self.grid)

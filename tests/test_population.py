@@ -13,6 +13,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -191,6 +192,29 @@ def test_grids_that_cannot_be_vmapped_are_refused_by_name():
     r = subprocess.run([sys.executable, str(REPO / "launch.py"), "ablate", "--train", "--grid", "num_strategies=2,4"],
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert r.returncode == 2 and "'num_strategies' cannot be trained" in r.stderr, r.stderr[-2000:]
+
+
+def test_grids_over_a_parameter_the_algorithm_does_not_read_are_refused():
+    """gamma is GiGPO's step discount: a StraTA population over it trained identical copies (seen on
+    the embedded default: kappa x gamma gave two pairs of equal curves). Refused before any work."""
+    from rollout.ablate import READ_BY, parse_grid
+
+    for name, algos in READ_BY.items():
+        for algo in ("grpo", "gigpo", "strata", "beacon", "strata+beacon"):
+            spec = [f"{name}=0.5,0.9"]
+            if algo in algos:
+                assert list(population.parse_train_grid(spec, algo)) == [name]
+            else:
+                with pytest.raises(ValueError, match=re.escape(f"'{name}' is not read by algo.name='{algo}'")):
+                    population.parse_train_grid(spec, algo)
+    assert parse_grid(["invalid_penalty=0,0.1"], algo="grpo") == {"invalid_penalty": [0.0, 0.1]}  # every algo
+    with pytest.raises(ValueError, match="'gamma' is not read by algo.name='strata' \\(only by gigpo\\)"):
+        parse_grid(["gamma=0.8,0.95"], algo="strata")  # `launch.py ablate` re-scoring too
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "ablate", "--train", "--grid", "gamma=0.8,0.95"],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode == 2 and "'gamma' is not read by algo.name='strata'" in r.stderr, r.stderr[-2000:]
 
 
 def test_memory_check_refuses_only_what_cannot_fit():
