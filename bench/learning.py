@@ -26,11 +26,22 @@ An entry of `--algos` may carry a variant (issue #15's arms, each from the same 
 warm start then holds the expert's revision rows; `ALGO:judge` trains the self-judgment
 (`judge.samples = --judge-samples`, `algo.judge_train`), `ALGO:judge-untrained` draws as many
 judgments without training them (the control). An entry without a variant revises nothing.
+StraTA's ablation arms: `strata:vanilla` (N strategies sampled, no self-judgment),
+`strata:diverse` (farthest-point selection of N among 4N candidates, no self-judgment) and
+`strata:full` (both); plain `strata` on the corridors samples N and judges (the "+judgment" arm).
 
 `--default` measures the embedded default instead (README command 1, launch.py's `DEFAULT_CONFIG`
 as it is, each seed from its own SFT, exactly `python launch.py --config.seed=S`) and prints one
 comparable figure: the held-out success gain over the SFT start, mean ± sd over the seeds, with
 each seed's gain (`default_gain.json` beside the runs).
+
+`--ablation` runs StraTA's ablation on the embedded default (the paper's vanilla / +diverse /
++judgment / full). The default samples N strategies and judges, so per seed its `--default` run is
+the +judgment arm; vanilla (no self-judgment), +diverse (farthest-point selection of N among 4N
+candidates, no self-judgment) and full (both) train from its SFT model. Point `--out` at a
+`--default` study's directory to reuse its runs:
+
+    python bench/learning.py --ablation --out runs/default --seeds 0,1,2
 
 Runs one after another in this process (programs compile once and are reused across runs). A
 finished run (its metrics.jsonl reaches the last iteration) is skipped, so an interrupted study
@@ -61,7 +72,13 @@ ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 TRAIN_CURVES = ("outcome_full", "outcome_partial", "outcome_none", "esu", "car")
 
 
-VARIANTS = ("revise", "judge", "judge-untrained")
+VARIANTS = ("revise", "judge", "judge-untrained", "vanilla", "diverse", "full")
+# StraTA's ablation arms (the paper's 3B table: vanilla 79.0, +diverse 87.9, +judgment 81.9, full
+# 88.6): variant -> (algo.oversample, algo.judgment); a variant with oversample > 1 selects its N
+# strategies by farthest point among SIGMA x N candidates. A plain "strata" entry keeps the world's
+# own selection and judges: on the corridors (N sampled) it is the "+judgment" arm.
+SIGMA = 4
+ABLATION_VARIANTS = {"vanilla": (1, False), "diverse": (SIGMA, False), "full": (SIGMA, True)}
 
 
 def parse_arm(arm: str) -> tuple[str, str]:
@@ -70,6 +87,9 @@ def parse_arm(arm: str) -> tuple[str, str]:
     if algo not in ALGOS or (variant and variant not in VARIANTS):
         raise SystemExit(f"--algos: unknown entry {arm!r}; an algorithm of {', '.join(ALGOS)}, optionally "
                          f"with one variant of {', '.join(VARIANTS)} (e.g. strata:revise)")
+    if variant and not algo.startswith("strata"):
+        raise SystemExit(f"--algos: {arm!r}: the variants are StraTA's (strategies, revision, self-judgment); "
+                         f"{algo} samples no strategies")
     return algo, variant
 
 
@@ -136,11 +156,14 @@ def run_config(base, arm: str, seed: int, model_path: str):
     strata = algo.startswith("strata")
     c.algo.name = algo
     c.algo.judgment = strata
-    c.algo.diverse = strata
+    c.algo.diverse = strata and bool(base.algo.diverse)  # the world's own: off where it samples N candidates
     c.algo.group_size = int(base.algo.num_strategies * base.algo.traj_per_strategy)
     c.algo.revise_every = int(base.algo.revise_every) if variant == "revise" else 0
     c.judge.samples = int(base.judge.samples) if variant.startswith("judge") else 1
     c.algo.judge_train = variant == "judge"
+    if variant in ABLATION_VARIANTS:
+        c.algo.oversample, c.algo.judgment = ABLATION_VARIANTS[variant]
+        c.algo.diverse = c.algo.oversample > 1
     judge_rows = int(c.algo.tasks_per_iter) * int(c.algo.group_size) * int(c.judge.samples)
     if judge_rows > max(c.sampling.batch_buckets):  # the k judgments of every trajectory: one policy call
         c.sampling.batch_buckets = (*c.sampling.batch_buckets, judge_rows)
@@ -316,13 +339,9 @@ def training_diagnostics(results: dict, algos, seeds, out: pathlib.Path, world: 
     plt.close(fig)
 
 
-def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
-    """Train the embedded default once per seed (resumable) -> gains and the figure's line."""
-    import numpy as np
-
+def _default_module():
+    """The module of launch.py's DEFAULT_CONFIG (README command 1's config file)."""
     import importlib.util
-
-    from rollout import trainer
 
     root = pathlib.Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("launch", root / "launch.py")
@@ -331,6 +350,16 @@ def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
     spec = importlib.util.spec_from_file_location("default_config", launch.DEFAULT_CONFIG)
     default = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(default)
+    return default
+
+
+def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
+    """Train the embedded default once per seed (resumable) -> gains and the figure's line."""
+    import numpy as np
+
+    from rollout import trainer
+
+    default = _default_module()
     runs = {}
     for s in seeds:
         c = default.get_config()
@@ -353,6 +382,118 @@ def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
                                                        "sd": float(gains.std()), "line": line}, indent=1))
     default_plot(runs, seeds, out, gain=f"{gains.mean():+.3f} ± {gains.std():.3f} over seeds {list(seeds)}")
     return {"runs": runs, "line": line}
+
+
+# `--ablation`: the same arms on the embedded default, which samples N strategies and judges, so
+# its own run is the "+judgment" arm.
+ABLATION = {"vanilla": ABLATION_VARIANTS["vanilla"], "+diverse": ABLATION_VARIANTS["diverse"], "+judgment": (1, True),
+            "full": ABLATION_VARIANTS["full"]}
+DEFAULT_ARM = "+judgment"
+
+
+def ablation_config(default, arm: str, seed: int, model_path: str | None):
+    """The embedded default as one arm of StraTA's ablation. Every arm but the default's own
+    (DEFAULT_ARM) starts from that run's SFT model (`model_path`), so the arms of one seed differ
+    only in the RL: the strategy selection (farthest-point over SIGMA x N candidates, or N sampled)
+    and the self-judgment step penalties. Their strategies are still sampled, revised and trained."""
+    from configs.base import validate
+
+    oversample, judgment = ABLATION[arm]
+    c = default.get_config()
+    if not c.algo.name.startswith("strata"):
+        raise SystemExit(f"--ablation is StraTA's ablation; the embedded default runs {c.algo.name!r}")
+    if (c.algo.oversample, c.algo.judgment) != ABLATION[DEFAULT_ARM]:
+        raise SystemExit(f"--ablation: the embedded default (oversample {c.algo.oversample}, judgment "
+                         f"{c.algo.judgment}) is no longer the {DEFAULT_ARM!r} arm; update ABLATION")
+    c.seed = int(seed)
+    c.algo.oversample, c.algo.diverse, c.algo.judgment = oversample, oversample > 1, judgment
+    if arm != DEFAULT_ARM:
+        c.model.path = str(model_path)
+    return validate(c)
+
+
+def ablation(seeds, out: pathlib.Path, progress: bool) -> dict:
+    """StraTA's ablation on the embedded default: per seed, the "+judgment" arm is `--default`'s
+    run (`default_sS`, its own SFT then RL; reused when it is finished) and the other three arms
+    train from its SFT model. Resumable. Writes ablation.json, ablation.md, strata_ablation.png."""
+    from rollout import trainer
+
+    default = _default_module()
+    runs: dict = {}
+    for s in seeds:
+        full = out / f"default_s{s}"
+        for arm in ABLATION:
+            wd = full if arm == DEFAULT_ARM else out / f"ablation_{arm.lstrip('+')}_s{s}"
+            c = ablation_config(default, arm, s, full / "sft_model")
+            c.log.progress = progress
+            t1 = time.perf_counter()
+            if not finished(wd, int(c.iterations)):
+                if arm != DEFAULT_ARM and not (full / "sft_model" / "config.json").exists():
+                    raise SystemExit(f"{full}: the default's run (which builds seed {s}'s SFT model) has not run")
+                trainer.train(c, wd)
+            runs[f"{arm}/s{s}"] = r = summarise(read_metrics(wd))
+            print(f"{arm} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
+                  f"({time.perf_counter() - t1:.0f} s)", flush=True)
+    md = ablation_table(runs, seeds)
+    (out / "ablation.json").write_text(json.dumps({"seeds": list(seeds), "runs": runs}, indent=1))
+    (out / "ablation.md").write_text(md + "\n")
+    ablation_plot(runs, seeds, out)
+    return {"runs": runs, "table": md}
+
+
+def ablation_table(runs: dict, seeds) -> str:
+    """One line per arm: held-out success at the start and the end, the gain, mean ± sd over seeds,
+    and the gain's difference to vanilla in every seed (the arms of a seed share a start)."""
+    lines = ["| arm | strategies | judgment | held-out start | end | gain | gain - vanilla's, per seed |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, (oversample, judgment) in ABLATION.items():
+        rs = [runs.get(f"{arm}/s{s}") for s in seeds]
+        if any(r is None for r in rs):
+            continue
+        gain = [r["eval_end"] - r["eval_start"] for r in rs]
+        van = [runs[f"vanilla/s{s}"]["eval_end"] - runs[f"vanilla/s{s}"]["eval_start"] for s in seeds]
+        pick = f"farthest N of {oversample}N" if oversample > 1 else "N sampled"
+        lines.append(f"| {arm} | {pick} | {'on' if judgment else 'off'} | "
+                     f"{_ms([r['eval_start'] for r in rs])} | {_ms([r['eval_end'] for r in rs])} | {_ms(gain)} | "
+                     + ", ".join(f"{g - v:+.3f}" for g, v in zip(gain, van)) + " |")
+    return "\n".join(lines)
+
+
+def ablation_plot(runs: dict, seeds, out: pathlib.Path) -> None:
+    """`strata_ablation.png`: held-out success per iteration, mean ± sd over seeds, one line per arm
+    (left); each arm's gain over its seed's start, a dot per seed (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    for k, arm in enumerate(ABLATION):
+        curves = [runs[f"{arm}/s{s}"]["curve"] for s in seeds if f"{arm}/s{s}" in runs]
+        if not curves:
+            continue
+        its = [i for i, _ in curves[0]]
+        ys = np.asarray([[v for _, v in c] for c in curves if len(c) == len(its)])
+        m, sd = ys.mean(0), ys.std(0)
+        ax.plot(its, m, marker="o", label=f"{arm} (n={len(ys)})")
+        ax.fill_between(its, m - sd, m + sd, alpha=0.12)
+        gains = ys[:, -1] - ys[:, 0]
+        bx.bar(k, gains.mean(), 0.6, alpha=0.5)
+        bx.scatter(np.full(len(gains), k), gains, color="k", s=12, zorder=3)
+    ax.set_xlabel("iteration (0 = SFT start)")
+    ax.set_ylabel("held-out success")
+    ax.set_title("StraTA ablation on the embedded default: held-out success, mean ± sd", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    bx.set_xticks(range(len(ABLATION)))
+    bx.set_xticklabels(list(ABLATION))
+    bx.set_ylabel("gain over the seed's SFT start (dots: seeds)")
+    bx.set_title(f"Gain per arm, seeds {list(seeds)}", fontsize=10)
+    bx.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out / "strata_ablation.png", dpi=120)
+    plt.close(fig)
 
 
 def default_plot(runs: dict, seeds, out: pathlib.Path, gain: str) -> None:
@@ -382,6 +523,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--default", action="store_true",
                    help="measure the embedded default (launch.py's DEFAULT_CONFIG) per seed: the gain figure")
+    p.add_argument("--ablation", action="store_true",
+                   help="StraTA's ablation on the embedded default: vanilla, +diverse, +judgment, full per seed")
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--algos", default=",".join(ALGOS))
     p.add_argument("--seeds", default="0,1,2")
@@ -427,8 +570,13 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.default and args.ablation:
+        raise SystemExit("--default and --ablation are two studies: pick one (--ablation reuses --default's runs)")
     if args.default:
         print(default_gains(seeds, out, bool(args.progress))["line"])
+        return
+    if args.ablation:
+        print(ablation(seeds, out, bool(args.progress))["table"])
         return
 
     from tqdm.auto import tqdm

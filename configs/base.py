@@ -298,6 +298,11 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     if not 1 <= c.env.horizon_min <= c.env.horizon_max:
         raise ConfigError(
             f"config.env.horizon_min={c.env.horizon_min} / horizon_max={c.env.horizon_max}: need 1 <= min <= max")
+    if c.algo.diverse and c.algo.oversample < 2:  # farthest-point over N of N candidates keeps them all
+        raise ConfigError(
+            f"config.algo.diverse=True selects N strategies among oversample x N candidates, but "
+            f"config.algo.oversample={c.algo.oversample} samples only N: set --config.algo.oversample=4 (or more) "
+            "or --config.algo.diverse=False")
     if c.algo.judgment and not c.algo.name.startswith("strata"):
         raise ConfigError(
             f"config.algo.judgment=True is only wired for strata / strata+beacon, not {c.algo.name!r}: "

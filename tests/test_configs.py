@@ -110,6 +110,19 @@ def test_judgment_on_a_flat_algorithm_fails_loudly():
         validate(c)
 
 
+def test_diverse_selection_without_candidates_to_select_from_fails_loudly():
+    """Farthest-point selection of N strategies among oversample x N candidates keeps all N when
+    oversample is 1: the doors configs had diverse=True with oversample=1, a silent no-op."""
+    c = base_config()
+    c.algo.oversample = 1
+    with pytest.raises(ConfigError, match="algo.diverse=True selects N strategies.*oversample=1"):
+        validate(c)
+    c.algo.diverse = False
+    validate(c)
+    c.algo.oversample, c.algo.diverse = 2, True
+    validate(c)
+
+
 def _launch(*args):
     return subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
                           cwd=REPO, timeout=120)

@@ -31,7 +31,7 @@ def test_every_algorithm_gets_a_valid_config_with_equal_trajectories(learning):
         strata = algo.startswith("strata")
         per_task = c.algo.num_strategies * c.algo.traj_per_strategy if strata else c.algo.group_size
         assert per_task == 8 and c.algo.name == algo and c.seed == 3 and c.model.path == "/m"
-        assert c.algo.judgment == strata and c.algo.diverse == strata
+        assert c.algo.judgment == strata and c.algo.diverse == strata  # household samples 2N candidates
         assert (c.env.horizon_min, c.env.horizon_max, c.iterations) == (2, 6, 4)
 
 
@@ -45,6 +45,7 @@ def test_doors_world_one_step_per_door_and_equal_trajectories(learning):
         c = learning.run_config(base, algo, seed=1, model_path="/m")
         per_task = c.algo.num_strategies * c.algo.traj_per_strategy if algo.startswith("strata") else c.algo.group_size
         assert per_task == 8 and c.env.name == "doors" and c.algo.name == algo
+        assert not c.algo.diverse  # one candidate per slot: nothing to select, so selection is off
     assert learning.base_config(_args(world="doors", horizon=(4, 6), sft_steps=30)).sft.steps == 30
     # 96 held-out corridors are one policy call: a bucket for them is added (validate refused it)
     from configs.base import validate
@@ -74,6 +75,14 @@ def test_issue15_arms_differ_only_in_their_variant(learning):
     # --max-steps gives retries in the corridor (the judge study), and the mini-batch follows the steps
     c = learning.base_config(_args(world="doors", horizon=(4, 4), max_steps=8, arms=["strata:judge"]))
     assert (c.env.max_steps, c.train.mini_batch_rows, c.env.doors_sign_at) == (8, 64, 0)
+    # StraTA's ablation arms change only the candidates sampled, the selection and the judgment
+    abl = ["strata", "strata:vanilla", "strata:diverse", "strata:full"]
+    got = {a: learning.run_config(learning.base_config(_args(world="doors", horizon=(2, 12), arms=abl)), a, seed=0,
+                                  model_path="/m") for a in abl}
+    assert [(got[a].algo.oversample, got[a].algo.diverse, got[a].algo.judgment) for a in abl] == [
+        (1, False, True), (1, False, False), (4, True, False), (4, True, True)]
+    with pytest.raises(SystemExit, match="'grpo:vanilla': the variants are StraTA's"):
+        learning.parse_arm("grpo:vanilla")
     for bad in ("strata:nope", "ppo", "grpo:"):
         if bad == "grpo:":
             assert learning.parse_arm(bad) == ("grpo", "")
@@ -210,3 +219,73 @@ def test_default_gains_trains_what_a_bare_launch_runs(learning, tmp_path, monkey
     assert (tmp_path / "default_eval_success.png").stat().st_size > 0
     learning.default_gains([0, 1], tmp_path, progress=False)  # finished runs are not trained again
     assert len(trained) == 2
+
+
+def _config_dict(c):
+    import json
+
+    return json.loads(c.to_json())
+
+
+def test_ablation_arms_differ_from_the_default_only_in_selection_and_judgment(learning):
+    """--ablation: "+judgment" is the embedded default as it is (N strategies sampled, judged);
+    the other arms change only algo.oversample / diverse / judgment and start from its SFT model."""
+    default = learning._default_module()
+    ref = _config_dict(learning.ablation_config(default, "+judgment", 2, "/m/sft_model"))
+    plain = default.get_config()
+    plain.seed = 2
+    assert ref == _config_dict(plain)  # the default's own run, SFT included (no model.path)
+    want = {"vanilla": (1, False, False), "+diverse": (4, True, False), "full": (4, True, True)}
+    for arm, (oversample, diverse, judgment) in want.items():
+        c = _config_dict(learning.ablation_config(default, arm, 2, "/m/sft_model"))
+        assert (c["algo"]["oversample"], c["algo"]["diverse"], c["algo"]["judgment"]) == (oversample, diverse, judgment)
+        assert c["model"]["path"] == "/m/sft_model"
+        for k in ("oversample", "diverse", "judgment"):
+            c["algo"][k] = ref["algo"][k]
+        c["model"]["path"] = ""
+        assert c == ref, arm
+
+
+def test_ablation_trains_three_arms_from_each_defaults_sft_model(learning, tmp_path, monkeypatch):
+    """The study reuses `--default`'s run as the "+judgment" arm, trains the other three from its
+    SFT model, tabulates the gains against vanilla's per seed, draws the figure and resumes."""
+    import json
+
+    from rollout import trainer
+
+    trained = []
+    gain = {"vanilla": 0.1, "+diverse": 0.15, "full": 0.3}
+
+    def fake_train(config, workdir):
+        arm = {(1, False): "vanilla", (4, False): "+diverse", (4, True): "full"}[
+            (config.algo.oversample, config.algo.judgment)]
+        trained.append((arm, config.seed, config.model.path))
+        g = gain[arm] + 0.01 * config.seed
+        rows = [{"iteration": 0, "eval/success": 0.25},
+                {"iteration": config.iterations, "train/success": 0.5, "eval/success": 0.25 + g}]
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    for s in (0, 1):  # the finished --default runs: +0.2 each, SFT model on disk
+        d = tmp_path / f"default_s{s}"
+        (d / "sft_model").mkdir(parents=True)
+        (d / "sft_model" / "config.json").write_text("{}")
+        (d / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/success": 0.25}) + "\n" + json.dumps(
+            {"iteration": 24, "train/success": 0.5, "eval/success": 0.45}) + "\n")
+    monkeypatch.setattr(trainer, "train", fake_train)
+    out = learning.ablation([0, 1], tmp_path, progress=False)
+    assert sorted(trained) == sorted((a, s, str(tmp_path / f"default_s{s}" / "sft_model"))
+                                     for s in (0, 1) for a in ("vanilla", "+diverse", "full"))
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in out["table"].splitlines()[2:]}
+    assert list(lines) == ["vanilla", "+diverse", "+judgment", "full"]
+    assert "0.355 ± 0.005 | 0.105 ± 0.005 | +0.000, +0.000" in lines["vanilla"]
+    assert "| 0.450 ± 0.000 | 0.200 ± 0.000 | +0.100, +0.090 |" in lines["+judgment"]
+    assert "| +0.200, +0.200 |" in lines["full"]
+    assert (tmp_path / "strata_ablation.png").stat().st_size > 0
+    assert json.loads((tmp_path / "ablation.json").read_text())["seeds"] == [0, 1]
+    learning.ablation([0, 1], tmp_path, progress=False)  # finished runs are not trained again
+    assert len(trained) == 6
+    (tmp_path / "default_s1" / "sft_model" / "config.json").unlink()
+    (tmp_path / "ablation_vanilla_s1" / "metrics.jsonl").unlink()
+    with pytest.raises(SystemExit, match="default_s1: the default's run"):
+        learning.ablation([0, 1], tmp_path, progress=False)
