@@ -251,14 +251,7 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for a in algos:
-        curves = [results[f"{a}/s{s}"]["curve"] for s in seeds if f"{a}/s{s}" in results]
-        if not curves:
-            continue
-        its = [i for i, _ in curves[0]]
-        ys = np.asarray([[v for _, v in c] for c in curves if len(c) == len(its)])
-        m, sd = ys.mean(0), ys.std(0)
-        ax.plot(its, m, marker="o", label=f"{a} (n={len(ys)})")
-        ax.fill_between(its, m - sd, m + sd, alpha=0.15)
+        _mean_curve(ax, results, a, seeds, alpha=0.15)
     ax.set_xlabel("iteration (0 = SFT start)")
     ax.set_ylabel("held-out success (T = eval temperature)")
     ax.set_title(f"{world.capitalize()} horizon study: held-out success, mean ± sd over seeds")
@@ -297,6 +290,22 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
     fig.tight_layout()
     fig.savefig(out / "success_by_horizon.png", dpi=120)
     plt.close(fig)
+
+
+def _mean_curve(ax, results: dict, arm: str, seeds, alpha: float):
+    """Plot one arm's held-out success per evaluation, mean ± sd over its seeds, on `ax`; returns the
+    seeds' curves [seeds, evaluations] (None when the arm has no run)."""
+    import numpy as np
+
+    curves = [results[f"{arm}/s{s}"]["curve"] for s in seeds if f"{arm}/s{s}" in results]
+    if not curves:
+        return None
+    its = [i for i, _ in curves[0]]
+    ys = np.asarray([[v for _, v in c] for c in curves if len(c) == len(its)])
+    m, sd = ys.mean(0), ys.std(0)
+    ax.plot(its, m, marker="o", label=f"{arm} (n={len(ys)})")
+    ax.fill_between(its, m - sd, m + sd, alpha=alpha)
+    return ys
 
 
 def _bucket_at(r: dict, bucket: str, iteration) -> float | None:
@@ -446,12 +455,12 @@ def ablation_table(runs: dict, seeds) -> str:
     and the gain's difference to vanilla in every seed (the arms of a seed share a start)."""
     lines = ["| arm | strategies | judgment | held-out start | end | gain | gain - vanilla's, per seed |",
              "|---|---|---|---|---|---|---|"]
+    van = [runs[f"vanilla/s{s}"]["eval_end"] - runs[f"vanilla/s{s}"]["eval_start"] for s in seeds]
     for arm, (oversample, judgment) in ABLATION.items():
         rs = [runs.get(f"{arm}/s{s}") for s in seeds]
         if any(r is None for r in rs):
             continue
         gain = [r["eval_end"] - r["eval_start"] for r in rs]
-        van = [runs[f"vanilla/s{s}"]["eval_end"] - runs[f"vanilla/s{s}"]["eval_start"] for s in seeds]
         pick = f"farthest N of {oversample}N" if oversample > 1 else "N sampled"
         lines.append(f"| {arm} | {pick} | {'on' if judgment else 'off'} | "
                      f"{_ms([r['eval_start'] for r in rs])} | {_ms([r['eval_end'] for r in rs])} | {_ms(gain)} | "
@@ -470,14 +479,9 @@ def ablation_plot(runs: dict, seeds, out: pathlib.Path) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for k, arm in enumerate(ABLATION):
-        curves = [runs[f"{arm}/s{s}"]["curve"] for s in seeds if f"{arm}/s{s}" in runs]
-        if not curves:
+        ys = _mean_curve(ax, runs, arm, seeds, alpha=0.12)
+        if ys is None:
             continue
-        its = [i for i, _ in curves[0]]
-        ys = np.asarray([[v for _, v in c] for c in curves if len(c) == len(its)])
-        m, sd = ys.mean(0), ys.std(0)
-        ax.plot(its, m, marker="o", label=f"{arm} (n={len(ys)})")
-        ax.fill_between(its, m - sd, m + sd, alpha=0.12)
         gains = ys[:, -1] - ys[:, 0]
         bx.bar(k, gains.mean(), 0.6, alpha=0.5)
         bx.scatter(np.full(len(gains), k), gains, color="k", s=12, zorder=3)
