@@ -19,8 +19,8 @@ against the plain one, on the household config's model shape (hidden 64, 2 layer
 rows shaped like its StraTA action rows: G prefixes of ~180 tokens (intro, task, strategy, start
 memory) shared by the rows of a strategy, a ~45-token step part and a 20-token response each,
 mini-batches of --batch rows drawn at random from the G x M rows, one pinned thread, steps
-interleaved. Prints the tokens through the model and the seconds per step of both, and checks the
-two losses agree.
+interleaved. A third arm packs the suffixes of a prefix several to a row as well (`train.pack_segments`).
+Prints the tokens through the model and the seconds per step of each, and checks that the losses agree.
 
     python bench/train.py --shared-prefix [--batch 64] [--groups 8] [--per-group 16] [--iters 10]
 
@@ -225,7 +225,7 @@ def prefix_rows(groups: int, per_group: int, length: int, vocab: int, seed: int 
 
 def bench_shared(args):
     from strata_jax.models.tiny import init_params
-    from strata_jax.packing import pack_shared
+    from strata_jax.packing import pack_shared, pair_cost
 
     cfg = ModelConfig.from_hf(dict(model_type="qwen2", vocab_size=2048, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -237,31 +237,35 @@ def bench_shared(args):
     # one mini-batch as the trainer cuts it (train.minibatches: a random draw of the iteration's rows)
     mb = next(T.minibatches(rows, args.batch, seed=0))
     packed = pack_shared(mb, 1, 1, (256,))
-    if packed is None:
+    segs = pack_shared(mb, 1, 1, (256,), segments=True, pair=pair_cost(cfg))
+    if packed is None or segs is None:
         raise RuntimeError("the rows share too little: no packing")
-    shared = packed[0]
+    shared, segs = packed[0], segs[0]
+    arms = (("plain", mb), ("shared", shared), ("packed", segs))
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     window = 96  # the default's logprob_window: max(action 24, strategy 96) tokens
     runners = {}
-    for name, batch in (("plain", mb), ("shared", shared)):
+    for name, batch in arms:
         step, state = _jax_step(graphdef, jax.tree.map(jnp.copy, params), mesh, window=window)
         runners[name] = _jax_runner(step, state, batch)
     losses = {}
-    for name, batch in (("plain", mb), ("shared", shared)):  # first-step losses from the same params
+    for name, batch in arms:  # first-step losses from the same params
         step, st = _jax_step(graphdef, jax.tree.map(jnp.copy, params), mesh, window=window)
         losses[name] = float(step(st, batch, 1.0)[1]["loss"])
-    times = {"plain": [], "shared": []}
+    times = {name: [] for name, _ in arms}
     for _ in range(args.iters):
         for name in times:
             times[name].append(runners[name]())
     sec = {k: float(np.median(v)) for k, v in times.items()}
-    tok = {"plain": int(np.prod(mb.tokens.shape)), "shared": shared.model_tokens}
+    tok = {"plain": int(np.prod(mb.tokens.shape)), "shared": shared.model_tokens, "packed": segs.model_tokens}
     u, tpre = shared.prefix_tokens.shape
     print(f"update tiny default shape, {args.batch} rows of {args.groups}x{args.per_group} (prefix ~180, step ~45, "
           f"response 20), 1 thread: tokens through the model {tok['plain']:,} -> {tok['shared']:,} "
-          f"([{u}, {tpre}] prefixes + {list(shared.rows.tokens.shape)} suffixes); "
-          f"{sec['plain'] * 1e3:.0f} -> {sec['shared'] * 1e3:.0f} ms/step, speed-up {sec['plain'] / sec['shared']:.2f}x; "
-          f"loss {losses['plain']:.6f} vs {losses['shared']:.6f} "
+          f"([{u}, {tpre}] prefixes + {list(shared.rows.tokens.shape)} suffixes) -> {tok['packed']:,} packed "
+          f"({list(segs.prefix_tokens.shape)} + {list(segs.packed_tokens.shape)}); "
+          f"{sec['plain'] * 1e3:.0f} -> {sec['shared'] * 1e3:.0f} -> {sec['packed'] * 1e3:.0f} ms/step, speed-up "
+          f"{sec['plain'] / sec['shared']:.2f}x shared, {sec['plain'] / sec['packed']:.2f}x packed; "
+          f"loss {losses['plain']:.6f} vs {losses['shared']:.6f} vs {losses['packed']:.6f} "
           f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
 
 

@@ -180,6 +180,11 @@ def base_config() -> mlc.ConfigDict:
     # strategy share their intro, task, strategy and start memory). The population update
     # (`ablate --train`) runs unshared.
     t.shared_prefix = True
+    # With shared_prefix: pack the remainders of the rows that share a prefix several to a row,
+    # each a segment attending to the prefix and to itself only (strata_jax/packing.py), so short
+    # remainders stop paying for the longest one's padding. The same log-probs up to float rounding.
+    # Off: on our rows it packed almost nothing (docs/BENCHMARKS.md, "Suffixes packed several to a row").
+    t.pack_segments = False
     # PPO-ptx (InstructGPT), as interleaved steps: before every policy-update mini-batch, one step on
     # ptx_coef x the mean NLL of `ptx_rows` demonstration rows (the warm start's own demonstrations,
     # of every task type), through the same optimiser. Solved tasks have zero advantage, so nothing
@@ -279,6 +284,9 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     for key in ("algo.delta", "algo.gamma", "algo.beacon_gamma"):
         if not 0.0 < _get(c, key) <= 1.0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be in (0, 1]")
+    if c.train.pack_segments and not c.train.shared_prefix:
+        raise ConfigError("config.train.pack_segments=True needs train.shared_prefix=True (it packs the remainders "
+                          "of rows that share a prefix; without sharing nothing would be packed)")
     if not 0.0 <= c.sft.epsilon <= 1.0:
         raise ConfigError(f"config.sft.epsilon={c.sft.epsilon!r} must be in [0, 1]")
     if c.sft.epsilon and c.env.name != "household":

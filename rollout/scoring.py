@@ -14,8 +14,8 @@ import numpy as np
 
 from strata_jax import sharding
 from strata_jax.batch import TokenBatch, smallest_bucket
-from strata_jax.packing import SharedBatch, pack_shared
-from strata_jax.train import sequence_logprobs, shared_sequence_logprobs
+from strata_jax.packing import SharedBatch, pack_shared, pair_cost
+from strata_jax.train import sequence_logprobs, shared_batch_logprobs
 
 if TYPE_CHECKING:
     from rollout.run import Run
@@ -58,10 +58,9 @@ def _score_window(graphdef, chunk: int, window: int, params, tokens, mask):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _score_shared(graphdef, chunk: int, window: int, params, prefix_tokens, prefix_mask, row_prefix, tokens, mask):
+def _score_shared(graphdef, chunk: int, window: int, params, sb: SharedBatch):
     """`_score_window` of rows packed with shared prefixes: [S, Ls] over the rows' suffixes."""
-    return shared_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, row_prefix, tokens, mask, chunk,
-                                    False, window)[0]
+    return shared_batch_logprobs(graphdef, params, sb, chunk, False, window)[0]
 
 
 def data_parallel(run) -> int:
@@ -76,8 +75,15 @@ def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch:
     rounding (tests/test_train_shared_prefix.py)."""
     if not run.config.train.shared_prefix:
         return mb
-    packed = pack_shared(mb, int(run.config.train.micro_batches), data_parallel(run), run.config.train.length_buckets)
+    packed = pack(run, mb, int(run.config.train.micro_batches), run.config.train.length_buckets)
     return mb if packed is None else packed[0]
+
+
+def pack(run, tb: TokenBatch, micro_batches: int, buckets):
+    """`pack_shared` with the run's settings: data-parallel blocks, `train.pack_segments`, and
+    attention's weight in the plan cost from the run's model."""
+    return pack_shared(tb, micro_batches, data_parallel(run), buckets, segments=bool(run.config.train.pack_segments),
+                       pair=pair_cost(run.mcfg))
 
 
 def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
@@ -126,15 +132,13 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
             zeros = np.zeros(tk.shape, np.float32)
             tb = TokenBatch(tokens=tk, attention_mask=mk, loss_mask=lm, old_logp=zeros, ref_logp=zeros, advantage=zeros,
                             row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
-            packed = pack_shared(tb, 1, data_parallel(run), buckets)
+            packed = pack(run, tb, 1, buckets)
         if packed is None:
             lp = _score_window(run.graphdef, chunk, run.window, params, *to_mesh(run, (tk, mk)))
             out[idx, -w:] = sharding.fetch_global(lp)[:n]
             continue
         sb, perm = packed  # packed row p is chunk row perm[p]; its suffix is the row's last Ls columns
-        lp = _score_shared(run.graphdef, chunk, run.window, params,
-                           *to_mesh(run, (sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens,
-                                          sb.rows.attention_mask)))
+        lp = _score_shared(run.graphdef, chunk, run.window, params, to_mesh(run, sb))
         lp = sharding.fetch_global(lp)
         c = min(lp.shape[1], w)
         real = perm < n

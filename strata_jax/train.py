@@ -223,6 +223,57 @@ def shared_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, row_p
     return _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window)
 
 
+def packed_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, packed_prefix, packed_tokens,
+                             packed_positions, packed_segments, row_slots, tokens, blocks: int = 1,
+                             chunk_size: int = 8192, return_entropy: bool = False, window: int | None = None
+                             ) -> tuple[jax.Array, jax.Array | None]:
+    """`shared_sequence_logprobs` with the suffixes packed several to a row (strata_jax/packing.py).
+
+    prefix_tokens / prefix_mask [U, Tpre]; packed_tokens / packed_positions / packed_segments
+    [R, Ts] (segment 0: padding), packed_prefix [R]: the prefix every segment of packed row r
+    continues; row_slots [S, Ls]: row s's suffix column c sits at flat slot row_slots[s, c] of the
+    R / blocks x Ts slots of its block (`blocks` static: the rows and the packed rows split into
+    that many contiguous blocks, one per data-parallel device, so the gather stays on a device);
+    tokens [S, Ls] the rows' suffixes (the head's targets).
+
+    Each packed row attends to its prefix's keys and values (slots [0, Tpre)) and, segment by
+    segment, causally to itself (`Decoder(segment_ids=...)`), at the positions the unshared row
+    has. The hidden states are gathered back to [S, Ls] and the head runs as in
+    `sequence_logprobs` (on the `window` last columns), so the result is the one
+    `shared_sequence_logprobs` gives for the same rows: [S, Ls] (and the entropy), 0 or arbitrary
+    at the first real suffix column and on padding, never loss tokens.
+    """
+    model = nnx.merge(graphdef, params)
+    u, tpre = prefix_tokens.shape
+    r, ts = packed_tokens.shape
+    s, ls = row_slots.shape
+    cache = model.init_cache(u, tpre)
+    _, cache = model(prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0,
+                     last_only=True)
+    cache = cache.take_rows(packed_prefix, ts)  # per layer [R, K, Tpre + Ts, Dh]
+    pre_mask = jnp.take(prefix_mask, packed_prefix, axis=0)  # [R, Tpre]
+    mask = jnp.concatenate([pre_mask, packed_segments > 0], axis=1)  # [R, Tpre + Ts]
+    segments = jnp.concatenate([jnp.zeros(pre_mask.shape, jnp.int32), packed_segments.astype(jnp.int32)], axis=1)
+    hidden, _ = model(packed_tokens, packed_positions, mask, cache=cache, cache_index=tpre,
+                      segment_ids=segments)  # [R, Ts, D]
+    d = hidden.shape[-1]
+    flat = hidden.reshape(blocks, (r // blocks) * ts, d)  # [blocks, R / blocks x Ts, D]
+    where = row_slots.reshape(blocks, (s // blocks) * ls, 1)
+    rows_hidden = jnp.take_along_axis(flat, where, axis=1).reshape(s, ls, d)  # [S, Ls, D]
+    return _head_logprobs(model, rows_hidden, tokens, chunk_size, return_entropy, window)
+
+
+def shared_batch_logprobs(graphdef, params, sb: SharedBatch, chunk_size: int = 8192, return_entropy: bool = False,
+                          window: int | None = None) -> tuple[jax.Array, jax.Array | None]:
+    """[S, Ls] log-probs (and entropy) of a SharedBatch's rows, packed suffixes or not."""
+    if sb.packed:
+        return packed_sequence_logprobs(graphdef, params, sb.prefix_tokens, sb.prefix_mask, sb.packed_prefix,
+                                        sb.packed_tokens, sb.packed_positions, sb.packed_segments, sb.row_slots,
+                                        sb.rows.tokens, sb.blocks, chunk_size, return_entropy, window)
+    return shared_sequence_logprobs(graphdef, params, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix,
+                                    sb.rows.tokens, sb.rows.attention_mask, chunk_size, return_entropy, window)
+
+
 def _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window):
     """Shifted log-probs (and entropy) [S, L] of tokens from hidden [S, L, D]; see sequence_logprobs."""
     length = tokens.shape[1]
@@ -286,6 +337,21 @@ def _check_shared(batch: SharedBatch, micro_batches: int, n_data: int) -> None:
     if batch.row_prefix.shape != batch.rows.row_valid.shape:
         raise ValueError(f"SharedBatch.row_prefix: expected [{batch.rows.row_valid.shape[0]}], got "
                          f"{batch.row_prefix.shape}")
+    if batch.packed:
+        if batch.blocks != n_data:
+            raise ValueError(f"SharedBatch suffixes packed for {batch.blocks} data-parallel blocks, but the step "
+                             f"runs on {n_data} (row_slots index each block's own packed rows)")
+        r, ts = batch.packed_tokens.shape
+        for name in ("packed_positions", "packed_segments"):
+            if getattr(batch, name).shape != (r, ts):
+                raise ValueError(f"SharedBatch.{name}: shape {getattr(batch, name).shape} != packed_tokens shape "
+                                 f"{(r, ts)}")
+        if batch.packed_prefix.shape != (r,) or r % (micro_batches * n_data):
+            raise ValueError(f"SharedBatch.packed_prefix: expected [{r}] with R={r} divisible by micro_batches="
+                             f"{micro_batches} x data-parallel devices={n_data}, got {batch.packed_prefix.shape}")
+        if batch.row_slots.shape != batch.rows.tokens.shape:
+            raise ValueError(f"SharedBatch.row_slots: shape {batch.row_slots.shape} != rows' tokens shape "
+                             f"{batch.rows.tokens.shape}")
 
 
 class TrainStep:
@@ -361,9 +427,8 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
 
         def f(p):
             if isinstance(mb, SharedBatch):
-                logp, ent = shared_sequence_logprobs(graphdef, p, mb.prefix_tokens, mb.prefix_mask, mb.row_prefix,
-                                                     rows.tokens, rows.attention_mask, logprob_chunk,
-                                                     loss_cfg.needs_entropy, logprob_window)
+                logp, ent = shared_batch_logprobs(graphdef, p, mb, logprob_chunk, loss_cfg.needs_entropy,
+                                                  logprob_window)
             else:
                 logp, ent = sequence_logprobs(graphdef, p, rows.tokens, rows.attention_mask, logprob_chunk,
                                               loss_cfg.needs_entropy, logprob_window)

@@ -163,3 +163,14 @@ def test_attention_choices_are_the_models():
     from strata_jax.models.config import ATTENTION_IMPLS
 
     assert CHOICES["model.attention"] == ATTENTION_IMPLS
+
+
+def test_pack_segments_needs_shared_prefixes():
+    """train.pack_segments packs the remainders of rows that share a prefix: without
+    train.shared_prefix it would be a silent no-op, so it is refused."""
+    c = base_config()
+    c.train.pack_segments, c.train.shared_prefix = True, False
+    with pytest.raises(ConfigError, match="pack_segments=True needs train.shared_prefix=True"):
+        validate(c)
+    c.train.shared_prefix = True
+    validate(c)

@@ -1,8 +1,9 @@
 """Shared prompt prefixes in the update and the scoring (strata_jax/packing.py,
-train.shared_sequence_logprobs, `train.shared_prefix`): the packed rows hold exactly the original
-tokens, their log-probs are `sequence_logprobs` of the unshared rows (the independent reference),
-and a train step on the packed batch gives the unshared step's loss, metrics and parameters, with
-micro-batches, on an 8-device mesh and under scan_layers."""
+train.shared_sequence_logprobs, `train.shared_prefix`), with and without the suffixes packed several to
+a row (`train.pack_segments`, train.packed_sequence_logprobs): the packed rows hold exactly the
+original tokens, their log-probs are `sequence_logprobs` of the unshared rows (the independent
+reference), and a train step on the packed batch gives the unshared step's loss, metrics and
+parameters, with micro-batches, on an 8-device mesh and under scan_layers."""
 
 import types
 from collections import Counter
@@ -61,10 +62,47 @@ def _rows(seed=0, S=16, L=48):
                       row_index=row_index, row_valid=valid)
 
 
-def _pack(b, micro_batches=1, data_parallel=1):
-    out = pack_shared(b, micro_batches, data_parallel, min_prefix=8, min_saving=0.0)
+def _pack(b, micro_batches=1, data_parallel=1, segments=False, pair=0.0):
+    out = pack_shared(b, micro_batches, data_parallel, min_prefix=8, min_saving=0.0, segments=segments, pair=pair)
     assert out is not None
+    assert out[0].packed == segments
     return out
+
+
+def _check_segments(sb: SharedBatch, b, order):
+    """Packed suffixes: every row's suffix sits, whole and in order, at its row_slots in a packed row
+    of its own micro-batch and device block that continues the row's prefix, at the row's positions."""
+    k, blocks = sb.micro_batches, sb.blocks
+    s, ls = sb.rows.tokens.shape
+    r, ts = sb.packed_tokens.shape
+    per_rows, per_packed = s // (k * blocks), r // (k * blocks)
+    seen = np.zeros((r, ts), bool)
+    for p in range(s):
+        j, i = p % k, p // k
+        d = i // per_rows
+        real = np.flatnonzero(np.asarray(sb.rows.attention_mask[p]))
+        assert (sb.row_slots[p, :ls - len(real)] == 0).all()
+        for c in real:
+            slot = int(sb.row_slots[p, c])
+            bin_ = d * per_packed + slot // ts  # packed row within the micro-batch
+            q, col = bin_ * k + j, slot % ts
+            assert slot // ts < per_packed
+            assert sb.packed_tokens[q, col] == sb.rows.tokens[p, c]
+            assert sb.packed_prefix[q] == sb.row_prefix[p]
+            pre = int(sb.prefix_mask[int(sb.row_prefix[p]) * k + j].sum())
+            assert sb.packed_positions[q, col] == pre + (c - real[0])
+            assert sb.packed_segments[q, col] > 0
+            assert not seen[q, col]
+            seen[q, col] = True
+        if len(real):  # one segment per row, its own
+            segs = {int(sb.packed_segments[(d * per_packed + int(sb.row_slots[p, c]) // ts) * k + j,
+                                           int(sb.row_slots[p, c]) % ts]) for c in real}
+            assert len(segs) == 1
+    np.testing.assert_array_equal(seen, sb.packed_segments > 0)  # nothing else is packed
+    # at equal lengths a plan packs no more slots than the unpacked one (at most one bin per row),
+    # so the chosen plan costs no more
+    plain, _ = _pack(b, k, blocks)
+    assert sb.model_tokens <= plain.model_tokens
 
 
 def _unpack(sb: SharedBatch, order, shape):
@@ -80,10 +118,13 @@ def _unpack(sb: SharedBatch, order, shape):
     return out
 
 
+@pytest.mark.parametrize("segments", [False, True])
 @pytest.mark.parametrize("k,dp", [(1, 1), (2, 1), (2, 4)])
-def test_packing_keeps_every_token_and_shares(k, dp):
+def test_packing_keeps_every_token_and_shares(k, dp, segments):
     b = _rows()
-    sb, order = _pack(b, k, dp)
+    sb, order = _pack(b, k, dp, segments)
+    if segments:
+        _check_segments(sb, b, order)
     s, length = b.tokens.shape
     assert sorted(order.tolist()) == list(range(s))
     u, tpre = sb.prefix_tokens.shape
@@ -139,15 +180,16 @@ def _logprobs(g, p, b, sb, window=None, g_shared=None):
     """Plain (graphdef g) and shared (g_shared, default g) log-probs and entropies."""
     plain = jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5, 6), compiler_options=FAST)(
         g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 8192, True, window)
-    shared = jax.jit(T.shared_sequence_logprobs, static_argnums=(0, 7, 8, 9), compiler_options=FAST)(
-        g if g_shared is None else g_shared, p, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix, sb.rows.tokens,
-        sb.rows.attention_mask, 8192, True, window)
+    shared = jax.jit(T.shared_batch_logprobs, static_argnums=(0, 3, 4, 5), compiler_options=FAST)(
+        g if g_shared is None else g_shared, p, sb, 8192, True, window)
     return [np.asarray(x) for x in plain], [np.asarray(x) for x in shared]
 
 
-@pytest.mark.parametrize("scan_layers,window,attention", [(False, None, "einsum"), (False, 10, "einsum"),
-                                                          (True, None, "einsum"), (False, None, "xla")])
-def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention):
+@pytest.mark.parametrize("scan_layers,window,attention,segments", [
+    (False, None, "einsum", False), (False, 10, "einsum", False), (True, None, "einsum", False),
+    (False, None, "xla", False), (False, None, "einsum", True), (False, 10, "einsum", True),
+    (True, None, "einsum", True), (False, None, "xla", True)])
+def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention, segments):
     """attention "xla": the shared rows run the fused attention (model.attention, the prefix pass
     and the suffixes against its cache), the reference the plain einsum rows."""
     if scan_layers:  # the stacked [L, B, K, S, Dh] cache
@@ -159,7 +201,9 @@ def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention)
         g_shared, p2 = init_params(ModelConfig.from_hf({**TINY, **INIT}, attention=attention), seed=0)
         assert jax.tree.structure(p2) == jax.tree.structure(p)
     b = _rows()
-    sb, order = _pack(b)
+    sb, order = _pack(b, segments=segments, pair=0.01)
+    if segments:  # several suffixes in one packed row: a leak across segments would show
+        assert (sb.packed_segments.max(axis=1) >= 2).any()
     (lp, ent), (slp, sent) = _logprobs(g, p, b, sb, window, g_shared)
     back = _unpack(sb, order, b.tokens.shape)
     mask = back["loss_mask"]
@@ -189,8 +233,9 @@ def _steps(mesh, batch, micro_batches, params):
     return to_numpy(state.params), {k: float(v) for k, v in m.items()}
 
 
+@pytest.mark.parametrize("segments", [False, True])
 @pytest.mark.parametrize("micro_batches,mesh_shape", [(1, None), (2, None), (2, {"data": 2, "fsdp": 4})])
-def test_train_step_shared_equals_unshared(micro_batches, mesh_shape):
+def test_train_step_shared_equals_unshared(micro_batches, mesh_shape, segments):
     g, p = tiny_model(**INIT)
     b = _rows()
     if mesh_shape is not None:  # 32 rows: 8 devices x 2 micro-batches need 16 prefix slots or more
@@ -198,7 +243,7 @@ def test_train_step_shared_equals_unshared(micro_batches, mesh_shape):
     one = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     mesh = one if mesh_shape is None else sh.make_mesh(mesh_shape)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    sb, _ = _pack(b, micro_batches, dp)
+    sb, _ = _pack(b, micro_batches, dp, segments)
     want_p, want_m = _steps(one, b, micro_batches, jax.tree.map(jnp.copy, p))
     got_p, got_m = _steps(mesh, sb, micro_batches, jax.tree.map(jnp.copy, p))
     assert want_m["applied"] == 1 and want_m["tokens"] == b.loss_mask.sum()
@@ -222,8 +267,10 @@ def test_step_refuses_a_batch_packed_for_other_micro_batches():
         step(state, sb, 0.5)
 
 
-def test_score_rows_shared_equals_plain(monkeypatch):
-    """rollout/scoring.score_rows with train.shared_prefix on and off: the same log-probs."""
+@pytest.mark.parametrize("segments", [False, True])
+def test_score_rows_shared_equals_plain(monkeypatch, segments):
+    """rollout/scoring.score_rows with train.shared_prefix on and off (and the suffixes packed, with
+    the tiny model's attention weight in the plan cost): the same log-probs."""
     import rollout.scoring
 
     packed = []
@@ -238,14 +285,16 @@ def test_score_rows_shared_equals_plain(monkeypatch):
 
     def run(shared):
         train = types.SimpleNamespace(mini_batch_rows=8, length_buckets=(16, 32, 48), logprob_chunk=8192,
-                                      shared_prefix=shared)
+                                      shared_prefix=shared, pack_segments=shared and segments)
         return types.SimpleNamespace(config=types.SimpleNamespace(train=train), window=12, graphdef=g, pad_id=0,
-                                     mesh=sh.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+                                     mesh=sh.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
+                                     mcfg=ModelConfig.from_hf(TINY))
 
     args = (p, b.tokens, b.attention_mask, b.loss_mask)
     plain, shared = score_rows(run(False), *args), score_rows(run(True), *args)
     assert np.ptp(plain[b.loss_mask]) > 1.0
     assert len(packed) == 2 and any(x is not None for x in packed)  # a chunk was scored shared
+    assert all(x[0].packed == segments for x in packed if x is not None)
     np.testing.assert_allclose(shared, plain, atol=1e-5, rtol=1e-5)
 
 
@@ -257,12 +306,35 @@ def test_update_batch_packs_only_with_the_switch_on():
 
     b = _rows()
 
-    def run(shared, micro_batches=2):
-        train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared)
-        return types.SimpleNamespace(config=types.SimpleNamespace(train=train),
+    def run(shared, micro_batches=2, segments=False):
+        train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared,
+                                      pack_segments=segments)
+        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), mcfg=ModelConfig.from_hf(TINY),
                                      mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}))
 
     assert update_batch(run(False), b) is b
     sb = update_batch(run(True), b)
     assert isinstance(sb, SharedBatch) and sb.micro_batches == 2 and sb.prefix_tokens.shape[0] % 4 == 0
     assert sb.model_tokens <= 0.8 * b.tokens.size  # packed only when it saves a fifth
+    assert not sb.packed
+    sp = update_batch(run(True, segments=True), b)
+    assert sp.packed and sp.blocks == 2 and sp.micro_batches == 2 and sp.packed_tokens.shape[0] % 4 == 0
+
+
+def test_segment_ids_shape_and_isolation():
+    g, p = tiny_model(**INIT)
+    from flax import nnx
+
+    model = nnx.merge(g, p)
+    tokens = jnp.ones((2, 4), jnp.int32)
+    pos = jnp.tile(jnp.arange(4), (2, 1))
+    mask = jnp.ones((2, 4), bool)
+    with pytest.raises(ValueError, match="segment_ids: expected shape"):
+        model(tokens, pos, mask, segment_ids=jnp.ones((2, 3), jnp.int32))
+    # two segments of one row see only themselves: segment 2 alone equals the row [c, d] by itself
+    seg = jnp.asarray([[1, 1, 2, 2], [1, 1, 1, 1]], jnp.int32)
+    pos2 = jnp.asarray([[0, 1, 0, 1], [0, 1, 2, 3]], jnp.int32)
+    hidden, _ = model(jnp.asarray([[3, 4, 5, 6], [3, 4, 5, 6]], jnp.int32), pos2, mask, segment_ids=seg)
+    alone, _ = model(jnp.asarray([[5, 6]], jnp.int32), jnp.asarray([[0, 1]], jnp.int32), jnp.ones((1, 2), bool))
+    np.testing.assert_allclose(np.asarray(hidden[0, 2:]), np.asarray(alone[0]), atol=1e-5)
+    assert np.abs(np.asarray(hidden[0, 2:]) - np.asarray(hidden[1, 2:])).max() > 1e-3  # the mask matters

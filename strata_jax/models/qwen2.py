@@ -371,12 +371,17 @@ class Decoder(nnx.Module):
     # -- public API ----------------------------------------------------------------------------
 
     def __call__(self, tokens, positions, attention_mask, cache: KVCache | None = None,
-                 cache_index=None, last_only: bool = False) -> tuple[jax.Array, KVCache | None]:
+                 cache_index=None, last_only: bool = False, segment_ids=None) -> tuple[jax.Array, KVCache | None]:
         """tokens, positions [B, T] int; attention_mask [B, T] (no cache) or [B, S] (cache).
 
         cache_index: a traced int32 scalar, or a Python int (static; 0 lets a prefill attend over
         its T fresh tokens only, see Attention). last_only: the last layer computes the last
         position only (a prefill that needs just the next-token logits), hidden is [B, 1, D].
+
+        segment_ids: optional int [B, S] laid out like attention_mask, for several sequences
+        packed into one row (strata_jax/packing.py): a query of segment g > 0 sees only keys of
+        segment g or 0 (0: a prefix every segment continues). The queries' own ids are the
+        columns [cache_index, cache_index + T), so with a cache cache_index must be a Python int.
 
         Returns (hidden [B, T, D] after the final norm, updated cache or None).
         """
@@ -384,7 +389,8 @@ class Decoder(nnx.Module):
         _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index)
         x = _constrain_batch(self.embed_tokens(tokens))  # [B, T, D]
         cos, sin = _rope_buffers(positions, rope_inv_freq(cfg))  # [B, T, Dh]
-        mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
+        mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None,
+                               segment_ids)
         ks = cache.k if cache is not None else None
         vs = cache.v if cache is not None else None
         x, ks, vs = self._run_layers(x, cos, sin, mask, ks, vs, cache_index, bool(last_only))
@@ -541,15 +547,27 @@ def _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index):
             raise ValueError(f"cache batch {cache_b} != tokens batch {b}")
 
 
-def _attention_mask(attention_mask, t: int, cache_index) -> jax.Array:
-    """[B, T, S'] bool: query i sees key j iff the key is valid and causal."""
+def _attention_mask(attention_mask, t: int, cache_index, segment_ids=None) -> jax.Array:
+    """[B, T, S'] bool: query i sees key j iff the key is valid and causal (and, with segment_ids,
+    in the query's segment or in segment 0; see Decoder.__call__)."""
     valid = attention_mask.astype(bool)  # [B, S']
     s = valid.shape[1]
     q_pos = jnp.arange(t)[:, None]  # [T, 1]
     if cache_index is not None:
         q_pos = q_pos + jnp.asarray(cache_index, jnp.int32)
     causal = jnp.arange(s)[None, :] <= q_pos  # [T, S']
-    return valid[:, None, :] & causal[None]
+    mask = valid[:, None, :] & causal[None]
+    if segment_ids is None:
+        return mask
+    if segment_ids.shape != attention_mask.shape:
+        raise ValueError(f"segment_ids: expected shape {attention_mask.shape} like attention_mask, got "
+                         f"{segment_ids.shape}")
+    start = 0 if cache_index is None else cache_index
+    if not isinstance(start, (int, np.integer)):
+        raise ValueError("segment_ids with a cache need a static (Python int) cache_index")
+    q_seg = segment_ids[:, int(start):int(start) + t]  # [B, T]
+    same = (segment_ids[:, None, :] == q_seg[:, :, None]) | (segment_ids[:, None, :] == 0)  # [B, T, S']
+    return mask & same
 
 
 # ----------------------------------------------------------------------------------------------
