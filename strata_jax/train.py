@@ -207,20 +207,25 @@ def shared_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, row_p
     token there, never a loss token). `window` as in `sequence_logprobs`, over the suffix columns.
     """
     model = nnx.merge(graphdef, params)
-    u, tpre = prefix_tokens.shape
-    ls = tokens.shape[1]
-    cache = model.init_cache(u, tpre)
-    # Static cache_index 0: the prefixes attend among themselves; last_only: their hidden states
-    # are not needed, only the keys and values every layer writes.
-    _, cache = model(prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0,
-                     last_only=True)
-    cache = cache.take_rows(row_prefix, ls)  # per layer [S, K, Tpre + Ls, Dh]
-    pre_mask = jnp.take(prefix_mask, row_prefix, axis=0)  # [S, Tpre]
+    tpre = prefix_tokens.shape[1]
+    cache, pre_mask = _prefix_caches(model, prefix_tokens, prefix_mask, row_prefix, tokens.shape[1])
     pre_len = jnp.sum(pre_mask, axis=1, dtype=jnp.int32)  # [S]
     positions = pre_len[:, None] + positions_from_mask(attention_mask)  # [S, Ls]
     mask = jnp.concatenate([pre_mask, attention_mask.astype(jnp.bool_)], axis=1)  # [S, Tpre + Ls]
     hidden, _ = model(tokens, positions, mask, cache=cache, cache_index=tpre)  # [S, Ls, D]
     return _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window)
+
+
+def _prefix_caches(model, prefix_tokens, prefix_mask, row_prefix, extra: int):
+    """Run the U prefixes [U, Tpre] once and give each of B rows its prefix's keys and values:
+    (cache with per layer [B, K, Tpre + extra, Dh], the rows' prefix masks [B, Tpre])."""
+    u, tpre = prefix_tokens.shape
+    cache = model.init_cache(u, tpre)
+    # Static cache_index 0: the prefixes attend among themselves; last_only: their hidden states
+    # are not needed, only the keys and values every layer writes.
+    _, cache = model(prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0,
+                     last_only=True)
+    return cache.take_rows(row_prefix, extra), jnp.take(prefix_mask, row_prefix, axis=0)
 
 
 def packed_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, packed_prefix, packed_tokens,
@@ -244,14 +249,10 @@ def packed_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, packe
     at the first real suffix column and on padding, never loss tokens.
     """
     model = nnx.merge(graphdef, params)
-    u, tpre = prefix_tokens.shape
+    tpre = prefix_tokens.shape[1]
     r, ts = packed_tokens.shape
     s, ls = row_slots.shape
-    cache = model.init_cache(u, tpre)
-    _, cache = model(prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0,
-                     last_only=True)
-    cache = cache.take_rows(packed_prefix, ts)  # per layer [R, K, Tpre + Ts, Dh]
-    pre_mask = jnp.take(prefix_mask, packed_prefix, axis=0)  # [R, Tpre]
+    cache, pre_mask = _prefix_caches(model, prefix_tokens, prefix_mask, packed_prefix, ts)
     mask = jnp.concatenate([pre_mask, packed_segments > 0], axis=1)  # [R, Tpre + Ts]
     segments = jnp.concatenate([jnp.zeros(pre_mask.shape, jnp.int32), packed_segments.astype(jnp.int32)], axis=1)
     hidden, _ = model(packed_tokens, packed_positions, mask, cache=cache, cache_index=tpre,
