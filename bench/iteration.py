@@ -22,7 +22,7 @@ exactly. Figures are means over `--iterations` such iterations (each a different
 length; the per-env-step time is printed too.
 
     python bench/iteration.py [--iterations 2] [--repeats 2] [--sft-steps 30] [--keep DIR] [--set KEY=VALUE ...]
-                              [--config configs/tiny_alfworld.py]
+                              [--config configs/tiny_alfworld.py] [--model qwen2.5-7b] [--devices 8]
 
 `--config` swaps the household config for another StraTA config (the same GRPO twin is derived
 from it): configs/tiny_alfworld.py runs real ALFWorld games (unpack them first, see that file),
@@ -33,6 +33,14 @@ Prints one line per figure: each phase for each algorithm, the totals, the padde
 the sampler ran per iteration, the batch's tokens and the padded tokens the update ran
 (`train.shared_prefix` shares prompt prefixes there), and StraTA's overhead over GRPO in percent (per iteration and per
 env step).
+
+Then the same iterations modelled at a real model's size (`--model`, default qwen2.5-7b) on
+`--devices` H200s: every prefill, decode step, scoring pass and update step of the timed runs was
+counted from its padded shapes (strata_jax/cost.py), and a roofline turns those counts into seconds
+per phase (40% MFU, 60% of the HBM bandwidth: issue #17's goals). These figures do not move with the
+host's load, and they weigh the work as a 7B model would (matmul-bound, where the tiny model is
+attention-bound); they are a model, not a measurement. The counts are those of the tiny model's
+tokenizer and behaviour (its strategies, actions and episode lengths).
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from rollout.cpu_memory import keep_freed_memory_on_cpu  # noqa: E402
 
 keep_freed_memory_on_cpu()  # as launch.py does, before jax starts its threads
+
+from strata_jax.cost import MODELS  # noqa: E402
 
 PHASES = ("strategies", "actions", "judgment", "scoring", "advantages", "update")
 
@@ -80,6 +90,29 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     return validate(strata), validate(grpo)
 
 
+def phase_work(by_source: dict) -> dict:
+    """The iteration's model work (strata_jax/cost.Work) per phase, from the samplers' (by call
+    kind) and the run's (score, update) counters."""
+    from strata_jax.cost import Work
+
+    work = {"strategies": by_source.pop("strategy", Work()), "judgment": by_source.pop("judge", Work()),
+            "scoring": by_source.pop("score"), "update": by_source.pop("update")}
+    work["actions"] = sum(by_source.values(), Work())  # the action calls (and any other kind)
+    return work
+
+
+def modelled(work: dict, model: str, devices: int) -> dict[str, float]:
+    """Seconds per phase of one iteration's counted work at `model`'s size on `devices` H200s
+    (strata_jax/cost.py's roofline at its stated efficiencies)."""
+    import dataclasses
+
+    from strata_jax import cost
+
+    hw = dataclasses.replace(cost.H200, devices=devices, name=f"{devices} x H200")
+    m = cost.MODELS[model]
+    return {k: cost.seconds(w, m, hw, train=k == "update") for k, w in work.items()}
+
+
 def phases(row: dict) -> dict[str, float]:
     strategies, judgment = row["time/strategy_s"], row["time/judge_s"]
     return {"strategies": strategies, "actions": row["time/rollout_s"] - strategies - judgment,
@@ -99,6 +132,11 @@ class Measured:
         per_iter = config.algo.tasks_per_iter * trajectories_per_task(config)
         self.envs = make_envs(config, per_iter, config.env.split)
         self.samplers = list(self.run.policy.samplers.values())
+        self.kinds = dict(self.run.policy.samplers)
+
+    def _work(self) -> dict:
+        return {**{k: s.work.snapshot() for k, s in self.kinds.items()},
+                **{k: w.snapshot() for k, w in self.run.work.items()}}
 
     def once(self, it: int, keep: bool) -> dict[str, float]:
         """Run iteration `it` from the current state; restore that state unless `keep`. Returns
@@ -111,8 +149,10 @@ class Measured:
 
         start = jax.tree.map(jnp.copy, self.run.state)  # the update donates the state: keep a copy
         before = sum(x.prefill_tokens for x in self.samplers)
+        work0 = self._work()
         row, res = iteration_step(self.run, self.envs, it, None)
         out = dict(phases(row))
+        out["work"] = phase_work({k: w.since(work0[k]) for k, w in self._work().items()})
         out["prefill_tokens"] = float(sum(x.prefill_tokens for x in self.samplers) - before)
         # what the update ran: mini-batches trained, those skipped for carrying no signal
         # (train.skip_no_signal), and the tokens of the iteration's batch
@@ -132,27 +172,37 @@ class Measured:
 
 
 def measure(benches: dict[str, Measured], iterations: int, repeats: int) -> dict[str, dict[str, float]]:
-    """Per algorithm: mean over `iterations` of each figure's minimum over `repeats` timed runs.
+    """Per algorithm: mean over `iterations` of each figure's minimum over `repeats` timed runs,
+    and under "work" the counted model work per phase, summed over the iterations.
 
     Every iteration is first run once per algorithm (compiling its shapes) and the state restored;
     then the timed runs alternate between the algorithms (strata, grpo, strata, grpo, ...), so
     that a load that comes and goes on a shared machine hits both alike, and the minimum drops
     the runs it hit. The runs of one iteration are identical (a pure function of seed, iteration
-    and state), so they differ in time only.
+    and state), so they differ in time only. `repeats` = 0 counts only: each iteration runs once
+    per algorithm, with no warm-up, and its times (compilation included) are not comparable.
     """
-    sums = {name: {} for name in benches}
+    from strata_jax.cost import Work
+
+    sums = {name: {"work": {}} for name in benches}
     for it in range(1, iterations + 1):
-        for b in benches.values():
-            b.once(it, keep=False)  # warm-up
+        if repeats:
+            for b in benches.values():
+                b.once(it, keep=False)  # warm-up
         best: dict[str, dict[str, float]] = {name: {} for name in benches}
-        for r in range(repeats):
+        works: dict[str, dict] = {}
+        for r in range(max(repeats, 1)):
             for name, b in benches.items():
-                fig = b.once(it, keep=r == repeats - 1)
+                fig = b.once(it, keep=r == max(repeats, 1) - 1)
+                works[name] = fig.pop("work")  # counted: the same in every repeat
                 for k, v in fig.items():
                     best[name][k] = min(best[name].get(k, float("inf")), v)
         for name in benches:
             for k, v in best[name].items():
                 sums[name][k] = sums[name].get(k, 0.0) + v / iterations
+            total = sums[name]["work"]
+            for k, w in works[name].items():
+                total[k] = total.get(k, Work()) + w
     for name, s in sums.items():
         s["total"] = sum(s[k] for k in PHASES)
     return sums
@@ -162,13 +212,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=2, help="measured iterations per algorithm")
     ap.add_argument("--repeats", type=int, default=2,
-                    help="timed runs per iteration and algorithm, alternating; the minimum is kept")
+                    help="timed runs per iteration and algorithm, alternating; the minimum is kept "
+                         "(0: count the work only, one untimed run each)")
     ap.add_argument("--sft-steps", type=int, default=30, help="SFT steps of the shared tiny model")
     ap.add_argument("--keep", default=None, help="workdir to keep (default: a temporary one)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for both runs, e.g. sampling.shared_prefix=False")
     ap.add_argument("--config", default="configs/tiny_household.py",
                     help="the StraTA config both runs derive from (GRPO: the same, flat)")
+    ap.add_argument("--model", default="qwen2.5-7b", choices=sorted(MODELS),
+                    help="the model size at which the counted work is also modelled (strata_jax/cost.py)")
+    ap.add_argument("--devices", type=int, default=8, help="H200s of the modelled node")
     a = ap.parse_args()
 
     from rollout.setup import make_mesh
@@ -188,6 +242,8 @@ def main() -> None:
             b.close()
     s, g = out["strata"], out["grpo"]
     for name, r in out.items():
+        if not a.repeats:
+            break  # counted only: the times include compilation
         for k in PHASES:
             print(f"iteration {name:6s} {k:10s} {r[k]:8.2f} s")
         print(f"iteration {name:6s} {'total':10s} {r['total']:8.2f} s  ({r['env_steps']:.0f} env steps, "
@@ -196,9 +252,25 @@ def main() -> None:
         print(f"iteration {name:6s} {'batch':10s} {r['train_tokens']:8.0f} tokens; {r['update_steps']:.0f} mini-batches "
               f"trained, {r['no_signal']:.0f} skipped without signal")
         print(f"iteration {name:6s} {'update':10s} {r['update_tokens']:8.0f} padded tokens through the model")
-    print(f"strata overhead over grpo per iteration: {100 * (s['total'] / g['total'] - 1):+.1f} %")
-    per_step = (s["total"] / max(s["env_steps"], 1)) / (g["total"] / max(g["env_steps"], 1))
-    print(f"strata overhead over grpo per env step:  {100 * (per_step - 1):+.1f} %")
+    if a.repeats:
+        print(f"strata overhead over grpo per iteration: {100 * (s['total'] / g['total'] - 1):+.1f} %")
+        per_step = (s["total"] / max(s["env_steps"], 1)) / (g["total"] / max(g["env_steps"], 1))
+        print(f"strata overhead over grpo per env step:  {100 * (per_step - 1):+.1f} %")
+    # The same iterations' counted work at a real model's size: a roofline model, not a timing.
+    mod = {name: modelled(r["work"], a.model, a.devices) for name, r in out.items()}
+    for name, r in out.items():
+        w, m = r["work"], mod[name]
+        for k in PHASES:
+            if k in w:
+                decode = w[k].decode_steps
+                print(f"modelled {name:6s} {k:10s} {m[k] / a.iterations:8.3f} s  ({w[k].tokens / a.iterations:10.0f} "
+                      f"token slots, {decode / a.iterations:6.0f} decode steps per iteration)")
+        print(f"modelled {name:6s} {'total':10s} {sum(m.values()) / a.iterations:8.3f} s  "
+              f"({r['env_steps']:.0f} env steps)")
+    ms, mg = sum(mod["strata"].values()), sum(mod["grpo"].values())
+    per_step = (ms / max(s["env_steps"], 1)) / (mg / max(g["env_steps"], 1))
+    print(f"strata overhead over grpo, modelled at {a.model} on {a.devices} x H200 (40% MFU, 60% of HBM "
+          f"bandwidth): {100 * (ms / mg - 1):+.1f} % per iteration, {100 * (per_step - 1):+.1f} % per env step")
 
 
 if __name__ == "__main__":

@@ -185,6 +185,11 @@ def base_config() -> mlc.ConfigDict:
     # remainders stop paying for the longest one's padding. The same log-probs up to float rounding.
     # Off: on our rows it packed almost nothing (docs/BENCHMARKS.md, "Suffixes packed several to a row").
     t.pack_segments = False
+    # With shared_prefix: the prefix and remainder widths the packing may pick, as sizes per octave
+    # (strata_jax/packing.length_buckets; train.length_buckets are added to them). 2: 256, 384,
+    # 512, 768, ...; 8: 512, 576, 640, ... More steps pad less (rows of 520-570 tokens take 576
+    # slots, not 768) but compile more update programs (the persistent jit cache keeps them).
+    t.bucket_steps = 2
     # PPO-ptx (InstructGPT), as interleaved steps: before every policy-update mini-batch, one step on
     # ptx_coef x the mean NLL of `ptx_rows` demonstration rows (the warm start's own demonstrations,
     # of every task type), through the same optimiser. Solved tasks have zero advantage, so nothing
@@ -284,6 +289,8 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     for key in ("algo.delta", "algo.gamma", "algo.beacon_gamma"):
         if not 0.0 < _get(c, key) <= 1.0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be in (0, 1]")
+    if int(c.train.bucket_steps) not in (1, 2, 4, 8, 16):
+        raise ConfigError(f"config.train.bucket_steps={c.train.bucket_steps}: expected 1, 2, 4, 8 or 16 sizes per octave")
     if c.train.pack_segments and not c.train.shared_prefix:
         raise ConfigError("config.train.pack_segments=True needs train.shared_prefix=True (it packs the remainders "
                           "of rows that share a prefix; without sharing nothing would be packed)")

@@ -17,7 +17,7 @@ from rollout.judge import judge_quality_row
 from rollout.scoring import check_window, score_batch, to_mesh, trim_rows, update_batch
 from rollout.setup import rollout_config, train_tasks
 from rollout.shards import merge_results, shard_tasks, to_host
-from strata_jax import sharding
+from strata_jax import cost, sharding
 from strata_jax.advantages import compute_advantages, invalid_penalty
 from strata_jax.advantages.params import AdvantageParams
 from strata_jax.advantages.weighting import step_weights
@@ -83,6 +83,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
         if run.ptx_step is not None:  # PPO-ptx: one demonstration step per mini-batch, signal or not
             pk = to_mesh(run, run.ptx.batch(ptx_rng))
+            run.work["update"].add(**cost.dense(*pk["tokens"].shape, pk["tokens"].shape[1]))
             run.state, nll = run.ptx_step(run.state, pk["tokens"], pk["attention_mask"], pk["loss_mask"],
                                           float(config.train.ptx_coef))
             ptx_nll.append(float(jax.device_get(nll)))
@@ -94,6 +95,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
             check_window(np.asarray(mb.loss_mask), run.window)
             mb = update_batch(run, mb)  # shared prompt prefixes split off (train.shared_prefix)
             model_tokens += mb.model_tokens if isinstance(mb, SharedBatch) else int(np.prod(mb.tokens.shape))
+            run.work["update"].add(**cost.batch_work(mb, run.window))
             # Every process cut the same mini-batches from the same gathered batch (same seed).
             run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))
             m = jax.device_get(m)

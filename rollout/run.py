@@ -17,6 +17,7 @@ from rollout.shards import process_shards
 from rollout.warmstart import model_dir
 from strata_jax import sharding
 from strata_jax.checkpoint import Checkpointer
+from strata_jax.cost import Work
 from strata_jax.models.hf import load_hf_model, load_tokenizer
 from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
                               make_train_step, optimizer_config)
@@ -66,6 +67,9 @@ class Run:
                                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
                                 cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix), seed=int(config.seed))
         self.window = logprob_window(config)
+        # The model work of the scoring and the update, counted from their padded shapes like the
+        # samplers' (strata_jax/cost.py; bench/iteration.py models an iteration's time from them).
+        self.work = {"score": Work(), "update": Work()}
         if for_training:
             self.train_step = make_train_step(graphdef, self.optimizer, loss_config(loss_dict(t)), self.mesh,
                                               micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from strata_jax import sharding
+from strata_jax import cost, sharding
 from strata_jax.batch import TokenBatch, smallest_bucket
 from strata_jax.packing import SharedBatch, pack_shared, pair_cost
 from strata_jax.train import sequence_logprobs, shared_batch_logprobs
@@ -80,10 +80,11 @@ def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch:
 
 
 def pack(run, tb: TokenBatch, micro_batches: int, buckets):
-    """`pack_shared` with the run's settings: data-parallel blocks, `train.pack_segments`, and
-    attention's weight in the plan cost from the run's model."""
-    return pack_shared(tb, micro_batches, data_parallel(run), buckets, segments=bool(run.config.train.pack_segments),
-                       pair=pair_cost(run.mcfg))
+    """`pack_shared` with the run's settings: data-parallel blocks, `train.pack_segments`,
+    `train.bucket_steps`, and attention's weight in the plan cost from the run's model."""
+    t = run.config.train
+    return pack_shared(tb, micro_batches, data_parallel(run), buckets, segments=bool(t.pack_segments),
+                       pair=pair_cost(run.mcfg), steps=int(t.bucket_steps))
 
 
 def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
@@ -134,10 +135,12 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
                             row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
             packed = pack(run, tb, 1, buckets)
         if packed is None:
+            run.work["score"].add(**cost.dense(rows, w, run.window))
             lp = _score_window(run.graphdef, chunk, run.window, params, *to_mesh(run, (tk, mk)))
             out[idx, -w:] = sharding.fetch_global(lp)[:n]
             continue
         sb, perm = packed  # packed row p is chunk row perm[p]; its suffix is the row's last Ls columns
+        run.work["score"].add(**cost.batch_work(sb, run.window))
         lp = _score_shared(run.graphdef, chunk, run.window, params, to_mesh(run, sb))
         lp = sharding.fetch_global(lp)
         c = min(lp.shape[1], w)

@@ -49,7 +49,7 @@ import numpy as np
 from flax import struct
 
 from strata_jax.batch import TokenBatch
-from strata_jax.prefix import fit_groups, group_rows
+from strata_jax.prefix import common_prefix_len, fit_groups, group_rows
 
 # The TokenBatch fields laid out [S, L] along the row's tokens (the suffix keeps their tail).
 TOKEN_FIELDS = ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage", "penalty_mask")
@@ -92,20 +92,22 @@ class SharedBatch:
         return int(np.prod(self.prefix_tokens.shape) + np.prod(suffixes.shape))
 
 
-def length_buckets(longest: int, extra: Sequence[int] = (), smallest: int = 16) -> tuple[int, ...]:
-    """Prefix / suffix lengths: 2^i and 3 x 2^(i-1) from `smallest` up to the first >= `longest`,
-    with the `extra` buckets below it. The half steps keep padding under a third (a 180-token
-    prefix pads to 192, not 256) for about twice the programs."""
+def length_buckets(longest: int, extra: Sequence[int] = (), smallest: int = 16, steps: int = 2) -> tuple[int, ...]:
+    """Prefix / suffix lengths: `steps` evenly spaced sizes per octave, 2^i x (1, 1 + 1/steps, ...),
+    from `smallest` up to the first >= `longest`, with the `extra` buckets below it. steps = 2
+    (2^i and 3 x 2^(i-1)) keeps padding under a third (a 180-token prefix pads to 192, not 256)
+    for about twice the programs of powers of two; steps = 8 keeps it under 1/8 (rows of 520 to
+    570 tokens pad to 576, not 768) for about four times the programs of steps = 2."""
+    if steps < 1 or steps & (steps - 1):
+        raise ValueError(f"length_buckets: steps={steps} must be a power of two (1, 2, 4, 8, ...)")
     out, b = set(int(x) for x in extra if int(x) < longest), smallest
     while True:
-        out.add(b)
-        if b >= longest:
-            break
-        out.add(b * 3 // 2)
-        if b * 3 // 2 >= longest:
-            break
+        for j in range(steps):
+            size = b + j * b // steps
+            out.add(size)
+            if size >= longest:
+                return tuple(sorted(out))
         b *= 2
-    return tuple(sorted(out))
 
 
 def row_prompts(batch: TokenBatch) -> tuple[list[list[int]], np.ndarray]:
@@ -193,15 +195,39 @@ def _pack_bins(prompts, tails, rows, splits, ts: int, blocks: int) -> list:
     return out
 
 
+def _common_prefixes(sorted_prompts) -> np.ndarray:
+    """[m, m]: the common prefix length of prompts a < b (sorted), the minimum of the neighbours'
+    common prefixes between them (sorted order)."""
+    m = len(sorted_prompts)
+    lcp = np.array([common_prefix_len(a, b) for a, b in zip(sorted_prompts, sorted_prompts[1:])] + [0], np.int64)
+    out = np.zeros((m, m), np.int64)
+    for a in range(m - 1):
+        out[a, a + 1:] = np.minimum.accumulate(lcp[a:m - 1])
+    return out
+
+
+def _distinct_prefixes(common: np.ndarray, splits: np.ndarray) -> int:
+    """How many distinct prefixes prompt[:split] the sorted rows have (the empty one included):
+    `len({tuple(prompts[r][:sp]) ...})` without building them. Rows with one key are contiguous
+    among the rows of their split length (sorted order), and two of them share the key when their
+    common prefix reaches the split."""
+    splits = np.asarray(splits, np.int64)
+    order = np.lexsort((np.arange(len(splits)), splits))  # by split, then sorted position
+    sp = splits[order]
+    a, b = order[:-1], order[1:]
+    same = (sp[1:] == sp[:-1]) & (common[a, b] >= sp[1:])
+    return int(len(splits) - same.sum())
+
+
 def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 1,
                 buckets: Sequence[int] = (), min_prefix: int = 16, min_saving: float = 0.2,
-                segments: bool = False, pair: float = 0.0) -> tuple[SharedBatch, np.ndarray] | None:
+                segments: bool = False, pair: float = 0.0, steps: int = 2) -> tuple[SharedBatch, np.ndarray] | None:
     """(SharedBatch, order [S]) for a host TokenBatch [S, L], or None when sharing saves too little.
 
     `order[p]` is the input row that became row p. `micro_batches` / `data_parallel`: the train
     step's k and data-parallel device count (S must divide by their product; UB is a multiple of
     `data_parallel` so the prefixes split over the same devices). Tpre and Ts come from
-    `length_buckets(L, buckets)`; UB from the same half steps (1, 2, 3, 4, 6, 8, ...) times
+    `length_buckets(L, buckets, steps=steps)`; UB from half steps (1, 2, 3, 4, 6, 8, ...) times
     `data_parallel`. `segments`: pack the suffixes (module docstring), with Bp, the packed rows per
     (micro-batch, device block), from the same half steps. `pair`: attention's weight in the
     plan cost (`pair_cost`).
@@ -224,22 +250,31 @@ def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 
         order[(q % m) * k + q // m] = r
     micro = [order[j::k] for j in range(k)]  # input rows of micro-batch j, in its row order
     groups = [group_rows([prompts[r] for r in rows], min_prefix) for rows in micro]
+    common = [_common_prefixes([prompts[r] for r in rows]) for rows in micro]
 
-    sizes = length_buckets(length, buckets)
+    sizes = length_buckets(length, buckets, steps=steps)
     # A length bucket past the rows' own length pads every row further: only the packed suffixes
     # may use one (a Ts that holds several suffixes).
-    ts_sizes = length_buckets(2 * length if segments else length, buckets)
+    ts_sizes = length_buckets(2 * length if segments else length, buckets, steps=steps)
     fewest = k * data_parallel if segments else s  # suffix rows at least
+    n_prompt = np.array([len(p) for p in prompts], np.int64)  # [S]
     best = None
     for tpre in sizes:
+        # A row fits only if its prompt's last token and its tail fit in Ts after a prefix of at
+        # most Tpre (fit_groups): smaller Ts need not be tried.
+        need = int(np.max(n_prompt + tails - np.minimum(tpre, n_prompt - 1)))
         for ts in ts_sizes:
+            if ts < need:
+                continue
             if best is not None and _cost(0, tpre, fewest, ts, pair) >= best.cost:
                 break  # costs only grow with Ts
             splits = [fit_groups([prompts[r] for r in rows], g, tpre, ts, min_prefix, tails[rows])
                       for rows, g in zip(micro, groups)]
             if any(x is None for x in splits):
                 continue
-            u = max(len({tuple(prompts[r][:sp]) for r, sp in zip(rows, x)}) for rows, x in zip(micro, splits))
+            if not segments and best is not None and _cost(k * data_parallel, tpre, s, ts, pair) >= best.cost:
+                continue  # not cheaper even with the fewest prefix rows: skip counting them
+            u = max(_distinct_prefixes(c, x) for c, x in zip(common, splits))
             # UB: data_parallel x the first half-step size (1, 2, 3, 4, 6, 8, 12, ...) that holds U,
             # as for the lengths: 9 prefixes pad to 12 slots, not 16.
             ub = data_parallel * max(length_buckets(-(-u // data_parallel), smallest=1))
@@ -253,6 +288,8 @@ def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 
             cost = _cost(k * ub, tpre, suffix_rows, ts, pair)
             if best is None or cost < best.cost:
                 best = _Plan(tpre, ts, ub, cost, splits, bins, bp)
+        if tpre >= n_prompt.max():
+            break  # a longer prefix bucket cannot split any row later: it only pads
     unshared = _cost(0, 0, s, length, pair)
     if best is None or best.cost >= unshared or best.cost > (1.0 - min_saving) * unshared:
         return None

@@ -48,7 +48,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 
-from strata_jax import sharding
+from strata_jax import cost, sharding
 from strata_jax.models.heads import token_logprobs
 from strata_jax.models.qwen2 import positions_from_mask
 from strata_jax.batch import smallest_bucket
@@ -312,6 +312,9 @@ class Sampler:
         # Padded prefill tokens (rows x slots) run so far, and how many of the calls shared prefixes.
         self.prefill_tokens = 0
         self.shared_calls = 0
+        # Every call's model work from its padded shapes (strata_jax/cost.py): bench/iteration.py
+        # models an iteration's time at another model's size from it.
+        self.work = cost.Work()
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
         self._score = jax.jit(self._score_impl)
 
@@ -334,7 +337,9 @@ class Sampler:
             state = self._prefill_shared(params, *tokens, consts, key)
         state = self._decode(params, state, consts)
         host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
-                               "reason": state.reason, "emb": state.emb_sum})
+                               "reason": state.reason, "emb": state.emb_sum, "step": state.step})
+        rows, n = state.tokens.shape
+        self.work.add_decode(rows, int(host["step"]), int(consts.prompt_mask.shape[1]) + n)
         lengths = host["lengths"][:b]
         emb = None
         if cfg.return_embedding:
@@ -355,6 +360,7 @@ class Sampler:
         if plan is None:
             tokens, mask = _left_pad(prompts, bb, tp, cfg.pad_id)
             self.prefill_tokens += bb * tp
+            self.work.add(**cost.dense(bb, tp, 1))
         else:
             # [UB, Tpre] prefixes and [BB, Ts] suffixes, each left-padded; the row's prompt mask is
             # its prefix's mask followed by its suffix's, [BB, Tpre + Ts = Tp].
@@ -369,6 +375,7 @@ class Sampler:
             tokens = (pre_tokens, pre_mask, row_prefix, suf_tokens)
             self.prefill_tokens += plan.cost
             self.shared_calls += 1
+            self.work.add(**cost.prefixed(plan.unique_bucket, plan.prefix_bucket, bb, plan.suffix_bucket, 1))
         consts = _Consts(
             prompt_mask=mask, prompt_len=mask.sum(1).astype(np.int32), row_valid=np.arange(bb) < b,
             **_sampling_arrays(sampling, b, bb),
@@ -384,6 +391,7 @@ class Sampler:
         b, l = tokens.shape
         bb = pick_bucket(b, self.batch_buckets, "batch size")
         tokens, mask = _pad_for_score(tokens, mask, bb, _next_pow2(max(l, 16)), self.config.pad_id)
+        self.work.add(**cost.dense(*tokens.shape, tokens.shape[1]))
         if self.mesh is not None:
             spec = sharding.data_sharding(self.mesh)
             tokens, mask = jax.device_put(tokens, spec), jax.device_put(mask, spec)

@@ -69,6 +69,7 @@ def test_config_validates(path):
     ("train.dual_clip", 1.0, "config.train.dual_clip=1.0 must be > 1"),
     ("sampling.prompt_buckets", (256, 128), "config.sampling.prompt_buckets=(256, 128) must be strictly ascending"),
     ("train.length_buckets", (0, 128), "config.train.length_buckets=(0, 128) must be strictly ascending"),
+    ("train.bucket_steps", 3, "config.train.bucket_steps=3: expected 1, 2, 4, 8 or 16 sizes per octave"),
 ])
 def test_bad_values_name_the_key(key, value, fragment):
     c = base_config()

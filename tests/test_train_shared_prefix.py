@@ -17,9 +17,10 @@ from rollout.scoring import score_rows
 from strata_jax import sharding as sh
 from strata_jax import train as T
 from strata_jax.batch import TokenBatch
+from strata_jax.cost import Work
 from strata_jax.models.config import ModelConfig
 from strata_jax.models.tiny import init_params
-from strata_jax.packing import SharedBatch, pack_shared
+from strata_jax.packing import SharedBatch, length_buckets, pack_shared
 from tests.test_train import FAST, LOSS, OPT, TINY, tiny_model, to_numpy
 
 VOCAB = 64
@@ -62,8 +63,9 @@ def _rows(seed=0, S=16, L=48):
                       row_index=row_index, row_valid=valid)
 
 
-def _pack(b, micro_batches=1, data_parallel=1, segments=False, pair=0.0):
-    out = pack_shared(b, micro_batches, data_parallel, min_prefix=8, min_saving=0.0, segments=segments, pair=pair)
+def _pack(b, micro_batches=1, data_parallel=1, segments=False, pair=0.0, steps=2):
+    out = pack_shared(b, micro_batches, data_parallel, min_prefix=8, min_saving=0.0, segments=segments, pair=pair,
+                      steps=steps)
     assert out is not None
     assert out[0].packed == segments
     return out
@@ -118,11 +120,13 @@ def _unpack(sb: SharedBatch, order, shape):
     return out
 
 
-@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize("segments,steps", [(False, 2), (True, 2), (False, 8)])
 @pytest.mark.parametrize("k,dp", [(1, 1), (2, 1), (2, 4)])
-def test_packing_keeps_every_token_and_shares(k, dp, segments):
+def test_packing_keeps_every_token_and_shares(k, dp, segments, steps):
     b = _rows()
-    sb, order = _pack(b, k, dp, segments)
+    sb, order = _pack(b, k, dp, segments, steps=steps)
+    if steps > 2:  # finer widths: never more slots than the half steps' plan
+        assert sb.model_tokens <= _pack(b, k, dp, segments)[0].model_tokens
     if segments:
         _check_segments(sb, b, order)
     s, length = b.tokens.shape
@@ -155,6 +159,33 @@ def test_packing_keeps_every_token_and_shares(k, dp, segments):
     lone = int(np.flatnonzero(order == 8)[0])
     u, j = slot[lone]
     assert Counter(slot)[slot[lone]] == 1 or not sb.prefix_mask[u * k + j].any()
+
+
+def test_length_buckets_by_hand():
+    assert length_buckets(100) == (16, 24, 32, 48, 64, 96, 128)
+    assert length_buckets(100, extra=(40, 200)) == (16, 24, 32, 40, 48, 64, 96, 128)
+    assert length_buckets(600, smallest=256, steps=8) == (256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640)
+    assert length_buckets(9, smallest=1) == (1, 2, 3, 4, 6, 8, 12)
+    assert length_buckets(70, smallest=16, steps=1) == (16, 32, 64, 128)
+    with pytest.raises(ValueError, match="steps=3 must be a power of two"):
+        length_buckets(100, steps=3)
+
+
+def test_distinct_prefixes_equal_the_tuple_count():
+    """The planner's count of distinct prefixes prompt[:split] (from the sorted rows' common
+    prefixes) against building the tuples, on rows with shared prefixes, duplicates and splits at,
+    inside and past the shared part."""
+    from strata_jax.packing import _common_prefixes, _distinct_prefixes
+
+    r = np.random.default_rng(4)
+    for trial in range(200):
+        stems = [list(r.integers(1, 5, r.integers(0, 6))) for _ in range(3)]
+        prompts = sorted(stems[r.integers(3)] + list(r.integers(1, 4, r.integers(1, 8))) for _ in range(r.integers(1, 12)))
+        splits = np.array([r.integers(0, len(p) + 1) for p in prompts])
+        if trial % 3 == 0:  # one split for all (as far as each row reaches): the rows' keys merge
+            splits = np.minimum(splits[0], [len(p) for p in prompts])
+        want = len({tuple(p[:sp]) for p, sp in zip(prompts, splits)})
+        assert _distinct_prefixes(_common_prefixes(prompts), splits) == want, (prompts, splits)
 
 
 def test_packing_without_sharing_or_with_bad_rows():
@@ -285,13 +316,16 @@ def test_score_rows_shared_equals_plain(monkeypatch, segments):
 
     def run(shared):
         train = types.SimpleNamespace(mini_batch_rows=8, length_buckets=(16, 32, 48), logprob_chunk=8192,
-                                      shared_prefix=shared, pack_segments=shared and segments)
+                                      shared_prefix=shared, pack_segments=shared and segments, bucket_steps=2)
         return types.SimpleNamespace(config=types.SimpleNamespace(train=train), window=12, graphdef=g, pad_id=0,
                                      mesh=sh.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
-                                     mcfg=ModelConfig.from_hf(TINY))
+                                     mcfg=ModelConfig.from_hf(TINY), work={"score": Work()})
 
     args = (p, b.tokens, b.attention_mask, b.loss_mask)
-    plain, shared = score_rows(run(False), *args), score_rows(run(True), *args)
+    plain_run, shared_run = run(False), run(True)
+    plain, shared = score_rows(plain_run, *args), score_rows(shared_run, *args)
+    # the counted work (strata_jax/cost.py): the shared prefixes ran once
+    assert 0 < shared_run.work["score"].tokens < plain_run.work["score"].tokens
     assert np.ptp(plain[b.loss_mask]) > 1.0
     assert len(packed) == 2 and any(x is not None for x in packed)  # a chunk was scored shared
     assert all(x[0].packed == segments for x in packed if x is not None)
@@ -308,7 +342,7 @@ def test_update_batch_packs_only_with_the_switch_on():
 
     def run(shared, micro_batches=2, segments=False):
         train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared,
-                                      pack_segments=segments)
+                                      pack_segments=segments, bucket_steps=2)
         return types.SimpleNamespace(config=types.SimpleNamespace(train=train), mcfg=ModelConfig.from_hf(TINY),
                                      mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}))
 

@@ -14,6 +14,7 @@ from flax import nnx
 from rollout import scoring, warmstart
 from strata_jax import sft
 from strata_jax.batch import pad_token_rows
+from strata_jax.cost import Work
 from strata_jax.models.config import ModelConfig
 from strata_jax.models.qwen2 import Decoder
 from strata_jax.sampling import score
@@ -53,7 +54,8 @@ def test_windowed_logprobs_equal_the_full_head_on_the_window(model):
 def _fake_run(graphdef, rows: int, window: int):
     config = mlc.ConfigDict({"train": {"mini_batch_rows": rows, "length_buckets": (8, 16, 24, 32),
                                        "logprob_chunk": 8192, "shared_prefix": False}})
-    return types.SimpleNamespace(config=config, window=window, graphdef=graphdef, pad_id=0)
+    return types.SimpleNamespace(config=config, window=window, graphdef=graphdef, pad_id=0,
+                                 work={"score": Work(), "update": Work()})
 
 
 def test_score_rows_equals_the_sampler_score_on_loss_tokens(model):

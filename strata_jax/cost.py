@@ -1,0 +1,168 @@
+"""The work a run's model calls did, counted from the padded shapes they ran, and a roofline model of
+what that work would take on a named accelerator at a named model's size.
+
+Why: StraTA's iteration overhead over GRPO (issue #17: under 5%) is a question about a 7B model on
+GPUs, and this project's CPU hosts answer it badly on two counts. Their timings swing by more than
+the effect (2.5x run to run, docs/BENCHMARKS.md), and the tiny model's cost is attention-bound,
+where a 7B model's is in its matmuls. The counts here are exact: every prefill, decode step,
+scoring pass and update step adds the token slots, attention pairs and decode steps that its
+padded shapes ran. `seconds` turns them into a modelled time for any model config and hardware,
+under stated efficiencies. It is a model, not a measurement: docs/BENCHMARKS.md quotes it as one.
+
+Counted per call:
+  tokens       token slots through the layer stack (padding included: it runs)
+  pairs        attention (query, key) pairs as the kernels compute them, dense: every query slot
+               of a call against every key slot it is given (causal masking is not skipped)
+  head_tokens  positions through the vocabulary head (the prefill's last position, the scoring's
+               and the update's logprob window)
+  decode       one (rows, steps, cache_slots) per sampler decode: `steps` sequential forward steps
+               of `rows` padded rows, each reading a cache of `cache_slots` slots
+
+The roofline (`seconds`): prefill, scoring and update are compute-bound, FLOPs over (devices x peak
+x mfu), times 3 for the update (forward and backward). A decode step is bounded by the larger of
+reading the weights and its rows' KV cache (per device, at hbm_share of the HBM bandwidth) and its
+rows' FLOPs; the rows are split over the devices (data parallel, the weights on each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from strata_jax.models.config import ModelConfig
+
+
+@dataclasses.dataclass
+class Work:
+    """Model work counted so far (module docstring). Counters only grow; `since` takes a span."""
+
+    tokens: float = 0.0
+    pairs: float = 0.0
+    head_tokens: float = 0.0
+    decode: list = dataclasses.field(default_factory=list)  # [(rows, steps, cache_slots)]
+
+    def add(self, tokens: float = 0.0, pairs: float = 0.0, head_tokens: float = 0.0) -> None:
+        self.tokens += float(tokens)
+        self.pairs += float(pairs)
+        self.head_tokens += float(head_tokens)
+
+    def add_decode(self, rows: int, steps: int, cache_slots: int) -> None:
+        if steps > 0:
+            self.decode.append((int(rows), int(steps), int(cache_slots)))
+
+    def snapshot(self) -> "Work":
+        return Work(self.tokens, self.pairs, self.head_tokens, list(self.decode))
+
+    def since(self, earlier: "Work") -> "Work":
+        """The work added after `earlier` (a snapshot of this counter)."""
+        return Work(self.tokens - earlier.tokens, self.pairs - earlier.pairs,
+                    self.head_tokens - earlier.head_tokens, self.decode[len(earlier.decode):])
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.tokens + other.tokens, self.pairs + other.pairs,
+                    self.head_tokens + other.head_tokens, self.decode + other.decode)
+
+    @property
+    def decode_steps(self) -> int:
+        return sum(s for _, s, _ in self.decode)
+
+
+def dense(rows: int, length: int, head: int) -> dict:
+    """One pass over [rows, length] left-padded rows, `head` positions per row through the head."""
+    return {"tokens": rows * length, "pairs": rows * length * length, "head_tokens": rows * min(head, length)}
+
+
+def prefixed(prefix_rows: int, tpre: int, rows: int, ts: int, head: int) -> dict:
+    """Prefixes [prefix_rows, Tpre] run once, then [rows, Ts] suffixes that attend to their prefix
+    and themselves; `head` positions of each suffix row through the head."""
+    return {"tokens": prefix_rows * tpre + rows * ts,
+            "pairs": prefix_rows * tpre * tpre + rows * ts * (tpre + ts),
+            "head_tokens": rows * min(head, ts)}
+
+
+def batch_work(batch, window: int) -> dict:
+    """The pass `train.sequence_logprobs` / `shared_batch_logprobs` runs over a TokenBatch [S, L]
+    or a SharedBatch (prefixes once, suffixes plain or packed), with a logprob window of `window`
+    columns through the head."""
+    prefix = getattr(batch, "prefix_tokens", None)
+    if prefix is None:
+        s, l = batch.tokens.shape
+        return dense(s, l, window)
+    upre, tpre = prefix.shape
+    s, ls = batch.rows.tokens.shape
+    if batch.packed:  # the packed rows run; the head runs on the rows' windows gathered back
+        r, ts = batch.packed_tokens.shape
+        out = prefixed(upre, tpre, r, ts, 0)
+        out["head_tokens"] = s * min(window, ls)
+        return out
+    return prefixed(upre, tpre, s, ls, window)
+
+
+# --------------------------------------------------------------------------------- the roofline
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s of one device
+    hbm_bytes_per_s: float  # one device
+    devices: int = 8
+    mfu: float = 0.4  # achieved share of peak in compute-bound passes (issue #17's goal)
+    hbm_share: float = 0.6  # achieved share of HBM bandwidth in decode (issue #17's goal)
+    bytes_per_param: int = 2  # bf16 weights and KV cache
+
+
+H200 = Hardware("8 x H200", peak_flops=989e12, hbm_bytes_per_s=4.8e12)
+
+
+def _qwen2(vocab, d, f, layers, heads, kv, tied):
+    return ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=d, intermediate_size=f, num_layers=layers,
+                       num_heads=heads, num_kv_heads=kv, head_dim=d // heads, qkv_bias=True,
+                       tie_word_embeddings=tied, dtype="bfloat16", param_dtype="bfloat16")
+
+
+# The published shapes of the models the papers train (their config.json), for `seconds`.
+MODELS = {
+    "qwen2.5-1.5b": _qwen2(151936, 1536, 8960, 28, 12, 2, True),
+    "qwen2.5-7b": _qwen2(152064, 3584, 18944, 28, 28, 4, False),
+}
+
+
+def layer_flops(m: ModelConfig) -> float:
+    """FLOPs of one token through all layers' projections and MLPs (2 per multiply-add)."""
+    d, f = m.hidden_size, m.intermediate_size
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    return 2.0 * m.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * f)
+
+
+def pair_flops(m: ModelConfig) -> float:
+    """FLOPs of one (query, key) pair in all layers: q.k and p.v."""
+    return 4.0 * m.num_layers * m.num_heads * m.head_dim
+
+
+def head_flops(m: ModelConfig) -> float:
+    return 2.0 * m.hidden_size * m.vocab_size
+
+
+def weight_bytes(m: ModelConfig, hw: Hardware) -> float:
+    """The weights a decode step reads: every layer's matrices and the vocabulary head."""
+    return (layer_flops(m) / 2.0 + m.hidden_size * m.vocab_size) * hw.bytes_per_param
+
+
+def kv_bytes_per_slot(m: ModelConfig, hw: Hardware) -> float:
+    return 2.0 * m.num_layers * m.num_kv_heads * m.head_dim * hw.bytes_per_param
+
+
+def seconds(work: Work, m: ModelConfig, hw: Hardware, train: bool = False) -> float:
+    """Modelled seconds of `work` at model `m` on `hw` (module docstring); `train`: forward and
+    backward (3x a forward's FLOPs)."""
+    flops = work.tokens * layer_flops(m) + work.pairs * pair_flops(m) + work.head_tokens * head_flops(m)
+    total = (3.0 if train else 1.0) * flops / (hw.devices * hw.peak_flops * hw.mfu)
+    w, kvb = weight_bytes(m, hw), kv_bytes_per_slot(m, hw)
+    per_token = layer_flops(m) + head_flops(m)
+    for rows, steps, cache in work.decode:
+        r = math.ceil(rows / hw.devices)  # rows per device
+        read = (w + r * cache * kvb) / (hw.hbm_bytes_per_s * hw.hbm_share)
+        compute = r * (per_token + cache * pair_flops(m)) / (hw.peak_flops * hw.mfu)
+        total += steps * max(read, compute)
+    return total
