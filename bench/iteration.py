@@ -40,7 +40,9 @@ counted from its padded shapes (strata_jax/cost.py), and a roofline turns those 
 per phase (40% MFU, 60% of the HBM bandwidth: issue #17's goals). These figures do not move with the
 host's load, and they weigh the work as a 7B model would (matmul-bound, where the tiny model is
 attention-bound); they are a model, not a measurement. The counts are those of the tiny model's
-tokenizer and behaviour (its strategies, actions and episode lengths).
+tokenizer and behaviour (its strategies, actions and episode lengths). A last line models the
+same passes on their rows' real tokens alone (no padding, no shared prefixes), the cost model of
+a padding-free update such as verl's.
 """
 
 from __future__ import annotations
@@ -101,16 +103,17 @@ def phase_work(by_source: dict) -> dict:
     return work
 
 
-def modelled(work: dict, model: str, devices: int) -> dict[str, float]:
+def modelled(work: dict, model: str, devices: int, real: bool = False) -> dict[str, float]:
     """Seconds per phase of one iteration's counted work at `model`'s size on `devices` H200s
-    (strata_jax/cost.py's roofline at its stated efficiencies)."""
+    (strata_jax/cost.py's roofline at its stated efficiencies); `real`: the passes on their real
+    tokens only."""
     import dataclasses
 
     from strata_jax import cost
 
     hw = dataclasses.replace(cost.H200, devices=devices, name=f"{devices} x H200")
     m = cost.MODELS[model]
-    return {k: cost.seconds(w, m, hw, train=k == "update") for k, w in work.items()}
+    return {k: cost.seconds(w, m, hw, train=k == "update", real=real) for k, w in work.items()}
 
 
 def phases(row: dict) -> dict[str, float]:
@@ -271,6 +274,11 @@ def main() -> None:
     per_step = (ms / max(s["env_steps"], 1)) / (mg / max(g["env_steps"], 1))
     print(f"strata overhead over grpo, modelled at {a.model} on {a.devices} x H200 (40% MFU, 60% of HBM "
           f"bandwidth): {100 * (ms / mg - 1):+.1f} % per iteration, {100 * (per_step - 1):+.1f} % per env step")
+    # The same with every pass on its rows' real tokens (no padding, no shared prefixes): the cost
+    # model of a padding-free update such as verl's remove-padding.
+    rs, rg = (sum(modelled(out[n]["work"], a.model, a.devices, real=True).values()) for n in ("strata", "grpo"))
+    print(f"strata overhead over grpo, modelled on real tokens only (no padding, no shared prefixes): "
+          f"{100 * (rs / rg - 1):+.1f} % ({rs / a.iterations:.3f} s against {rg / a.iterations:.3f} s)")
 
 
 if __name__ == "__main__":

@@ -82,8 +82,10 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     ptx_rng = np.random.default_rng([int(config.seed), iteration, 0x9F7])
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
         if run.ptx_step is not None:  # PPO-ptx: one demonstration step per mini-batch, signal or not
-            pk = to_mesh(run, run.ptx.batch(ptx_rng))
-            run.work["update"].add(**cost.dense(*pk["tokens"].shape, pk["tokens"].shape[1]))
+            host = run.ptx.batch(ptx_rng)
+            run.work["update"].add(**cost.dense(*host["tokens"].shape, host["tokens"].shape[1]),
+                                   **cost.real(np.asarray(host["attention_mask"]).sum(axis=1)))
+            pk = to_mesh(run, host)
             run.state, nll = run.ptx_step(run.state, pk["tokens"], pk["attention_mask"], pk["loss_mask"],
                                           float(config.train.ptx_coef))
             ptx_nll.append(float(jax.device_get(nll)))
@@ -93,9 +95,10 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
         if config.train.rl_update:
             mb = trim_rows(mb, config.train.length_buckets)
             check_window(np.asarray(mb.loss_mask), run.window)
+            lengths = np.asarray(mb.attention_mask).sum(axis=1)
             mb = update_batch(run, mb)  # shared prompt prefixes split off (train.shared_prefix)
             model_tokens += mb.model_tokens if isinstance(mb, SharedBatch) else int(np.prod(mb.tokens.shape))
-            run.work["update"].add(**cost.batch_work(mb, run.window))
+            run.work["update"].add(**cost.batch_work(mb, run.window), **cost.real(lengths))
             # Every process cut the same mini-batches from the same gathered batch (same seed).
             run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))
             m = jax.device_get(m)

@@ -135,12 +135,12 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
                             row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
             packed = pack(run, tb, 1, buckets)
         if packed is None:
-            run.work["score"].add(**cost.dense(rows, w, run.window))
+            run.work["score"].add(**cost.dense(rows, w, run.window), **cost.real(mk.sum(axis=1)))
             lp = _score_window(run.graphdef, chunk, run.window, params, *to_mesh(run, (tk, mk)))
             out[idx, -w:] = sharding.fetch_global(lp)[:n]
             continue
         sb, perm = packed  # packed row p is chunk row perm[p]; its suffix is the row's last Ls columns
-        run.work["score"].add(**cost.batch_work(sb, run.window))
+        run.work["score"].add(**cost.batch_work(sb, run.window), **cost.real(mk.sum(axis=1)))
         lp = _score_shared(run.graphdef, chunk, run.window, params, to_mesh(run, sb))
         lp = sharding.fetch_global(lp)
         c = min(lp.shape[1], w)

@@ -17,6 +17,9 @@ Counted per call:
                and the update's logprob window)
   decode       one (rows, steps, cache_slots) per sampler decode: `steps` sequential forward steps
                of `rows` padded rows, each reading a cache of `cache_slots` slots
+  real_tokens, real_pairs
+               the same passes' rows run alone: their real tokens and their lengths squared (no
+               padding, no shared prefixes), for comparison with a padding-free update
 
 The roofline (`seconds`): prefill, scoring and update are compute-bound, FLOPs over (devices x peak
 x mfu), times 3 for the update (forward and backward). A decode step is bounded by the larger of
@@ -29,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from strata_jax.models.config import ModelConfig
 
 
@@ -40,31 +45,46 @@ class Work:
     pairs: float = 0.0
     head_tokens: float = 0.0
     decode: list = dataclasses.field(default_factory=list)  # [(rows, steps, cache_slots)]
+    # The same passes' real tokens and pairs (each row alone, no padding, no shared prefix): what
+    # a padding-free update (verl's remove-padding) would run.
+    real_tokens: float = 0.0
+    real_pairs: float = 0.0
 
-    def add(self, tokens: float = 0.0, pairs: float = 0.0, head_tokens: float = 0.0) -> None:
+    def add(self, tokens: float = 0.0, pairs: float = 0.0, head_tokens: float = 0.0, real_tokens: float = 0.0,
+            real_pairs: float = 0.0) -> None:
         self.tokens += float(tokens)
         self.pairs += float(pairs)
         self.head_tokens += float(head_tokens)
+        self.real_tokens += float(real_tokens)
+        self.real_pairs += float(real_pairs)
 
     def add_decode(self, rows: int, steps: int, cache_slots: int) -> None:
         if steps > 0:
             self.decode.append((int(rows), int(steps), int(cache_slots)))
 
     def snapshot(self) -> "Work":
-        return Work(self.tokens, self.pairs, self.head_tokens, list(self.decode))
+        return dataclasses.replace(self, decode=list(self.decode))
 
     def since(self, earlier: "Work") -> "Work":
         """The work added after `earlier` (a snapshot of this counter)."""
-        return Work(self.tokens - earlier.tokens, self.pairs - earlier.pairs,
-                    self.head_tokens - earlier.head_tokens, self.decode[len(earlier.decode):])
+        return Work(**{k: getattr(self, k) - getattr(earlier, k) for k in _TOTALS},
+                    decode=self.decode[len(earlier.decode):])
 
     def __add__(self, other: "Work") -> "Work":
-        return Work(self.tokens + other.tokens, self.pairs + other.pairs,
-                    self.head_tokens + other.head_tokens, self.decode + other.decode)
+        return Work(**{k: getattr(self, k) + getattr(other, k) for k in _TOTALS}, decode=self.decode + other.decode)
 
     @property
     def decode_steps(self) -> int:
         return sum(s for _, s, _ in self.decode)
+
+
+_TOTALS = ("tokens", "pairs", "head_tokens", "real_tokens", "real_pairs")
+
+
+def real(lengths) -> dict:
+    """Each row run alone: its own tokens, and its own length squared attention pairs."""
+    n = np.asarray(lengths, np.float64)
+    return {"real_tokens": float(n.sum()), "real_pairs": float((n * n).sum())}
 
 
 def dense(rows: int, length: int, head: int) -> dict:
@@ -153,10 +173,12 @@ def kv_bytes_per_slot(m: ModelConfig, hw: Hardware) -> float:
     return 2.0 * m.num_layers * m.num_kv_heads * m.head_dim * hw.bytes_per_param
 
 
-def seconds(work: Work, m: ModelConfig, hw: Hardware, train: bool = False) -> float:
+def seconds(work: Work, m: ModelConfig, hw: Hardware, train: bool = False, real: bool = False) -> float:
     """Modelled seconds of `work` at model `m` on `hw` (module docstring); `train`: forward and
-    backward (3x a forward's FLOPs)."""
-    flops = work.tokens * layer_flops(m) + work.pairs * pair_flops(m) + work.head_tokens * head_flops(m)
+    backward (3x a forward's FLOPs); `real`: the passes on their real tokens only (no padding, no
+    shared prefixes), the decode as it ran."""
+    tokens, pairs = (work.real_tokens, work.real_pairs) if real else (work.tokens, work.pairs)
+    flops = tokens * layer_flops(m) + pairs * pair_flops(m) + work.head_tokens * head_flops(m)
     total = (3.0 if train else 1.0) * flops / (hw.devices * hw.peak_flops * hw.mfu)
     w, kvb = weight_bytes(m, hw), kv_bytes_per_slot(m, hw)
     per_token = layer_flops(m) + head_flops(m)

@@ -113,6 +113,8 @@ def test_sampler_counts_its_prefill_and_decode_steps(shared, embedding):
         calls.append(int(out.lengths.max()) - (0 if embedding else 1))
     w = sampler.work
     assert w.tokens == sampler.prefill_tokens
+    n = np.array(list(map(len, prompts)))
+    assert (w.real_tokens, w.real_pairs) == (3 * n.sum(), 3 * (n * n).sum())  # the prompts alone
     assert sampler.shared_calls == (3 if shared else 0)
     assert w.head_tokens == 3 * 8  # the batch bucket's 8 rows, the last position each
     assert [steps for _, steps, _ in w.decode] == [s for s in calls if s > 0]
@@ -129,15 +131,16 @@ def test_sampler_counts_its_prefill_and_decode_steps(shared, embedding):
 
 def test_since_takes_a_span():
     w = cost.Work()
-    w.add(tokens=5, pairs=7, head_tokens=1)
+    w.add(tokens=5, pairs=7, head_tokens=1, **cost.real([2, 3]))
     w.add_decode(4, 3, 20)
     before = w.snapshot()
-    w.add(tokens=2)
+    w.add(tokens=2, **cost.real([4]))
     w.add_decode(8, 2, 30)
     w.add_decode(8, 0, 30)  # no step ran: nothing to count
     d = w.since(before)
-    assert (d.tokens, d.pairs, d.head_tokens, d.decode) == (2, 0, 0, [(8, 2, 30)])
-    assert (w + d).decode_steps == 3 + 2 + 2
+    assert (d.tokens, d.pairs, d.head_tokens, d.real_tokens, d.real_pairs, d.decode) == (2, 0, 0, 4, 16, [(8, 2, 30)])
+    assert (before.real_tokens, before.real_pairs) == (5, 13) and len(before.decode) == 1  # a copy
+    assert (w + d).decode_steps == 3 + 2 + 2 and (w + d).real_tokens == 9 + 4
 
 
 def test_seconds_by_hand():
@@ -152,6 +155,8 @@ def test_seconds_by_hand():
     compute = (100 * lf + 1000 * pf + 10 * hf) / (2 * 1e12 * 0.5)
     assert cost.seconds(w, m, hw) == pytest.approx(compute)
     assert cost.seconds(w, m, hw, train=True) == pytest.approx(3 * compute)
+    w.add(**cost.real([6, 8]))  # two rows alone: 14 tokens, 100 pairs
+    assert cost.seconds(w, m, hw, real=True) == pytest.approx((14 * lf + 100 * pf + 10 * hf) / (2 * 1e12 * 0.5))
     # One decode call of 3 rows (2 per device), 5 steps over a 40-slot cache: memory-bound here.
     w2 = cost.Work()
     w2.add_decode(3, 5, 40)

@@ -326,6 +326,10 @@ def test_score_rows_shared_equals_plain(monkeypatch, segments):
     plain, shared = score_rows(plain_run, *args), score_rows(shared_run, *args)
     # the counted work (strata_jax/cost.py): the shared prefixes ran once
     assert 0 < shared_run.work["score"].tokens < plain_run.work["score"].tokens
+    live = b.loss_mask.any(axis=1)  # the scored rows' real tokens, whichever layout ran them
+    n = b.attention_mask[live].sum(axis=1)
+    for r in (plain_run, shared_run):
+        assert (r.work["score"].real_tokens, r.work["score"].real_pairs) == (n.sum(), (n * n).sum())
     assert np.ptp(plain[b.loss_mask]) > 1.0
     assert len(packed) == 2 and any(x is not None for x in packed)  # a chunk was scored shared
     assert all(x[0].packed == segments for x in packed if x is not None)
