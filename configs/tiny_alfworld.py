@@ -63,6 +63,11 @@ def get_config():
     c.train.lr = 1e-4
     c.train.mini_batch_rows = 64
     c.train.length_buckets = (512, 768, 1024, 2048)
+    # ALFWorld rows are 500-900 tokens: widths 64 apart (not 256) for the shared-prefix update and
+    # scoring, for a few more compiled update programs. Update tokens at this config's sizes: StraTA
+    # -4.5%, GRPO -9.5%; at 50-step episodes with M = 8: -16% and -3.5% (docs/BENCHMARKS.md,
+    # "Modelled at Qwen2.5-7B").
+    c.train.bucket_steps = 8
 
     c.sft.steps = 100  # 32 rows of <= 512 tokens: ~2-4 s a step on 2 busy cores
     c.sft.lr = 3e-3
