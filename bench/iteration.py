@@ -42,7 +42,9 @@ host's load, and they weigh the work as a 7B model would (matmul-bound, where th
 attention-bound); they are a model, not a measurement. The counts are those of the tiny model's
 tokenizer and behaviour (its strategies, actions and episode lengths). A last line models the
 same passes on their rows' real tokens alone (no padding, no shared prefixes), the cost model of
-a padding-free update such as verl's.
+a padding-free update such as verl's. A `tokens` line per algorithm sets the update's and one
+scoring pass's token slots against a perfect prefix tree's (strata_jax/packing.prefix_tree_tokens:
+every distinct prompt prefix once, no padding), the lower bound of any prefix-sharing layout.
 """
 
 from __future__ import annotations
@@ -90,6 +92,26 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     grpo.algo.judgment = False
     grpo.algo.diverse = False
     return validate(strata), validate(grpo)
+
+
+def tree_bound(tb, rows: int, seed: int) -> dict[str, float]:
+    """Tokens a perfect prefix tree would run (strata_jax/packing.prefix_tree_tokens): over the
+    update's mini-batches (the iteration's own split) and over one scoring pass's chunks (the rows
+    with loss tokens in token order, as rollout/scoring.score_rows cuts them)."""
+    import jax
+    import numpy as np
+
+    from strata_jax.packing import prefix_tree_tokens
+    from strata_jax.train import minibatches
+
+    tb = jax.tree.map(np.asarray, tb)
+    update = sum(prefix_tree_tokens(mb) for mb in minibatches(tb, rows, seed=seed))
+    mask = tb.attention_mask
+    live = np.flatnonzero(tb.loss_mask.any(axis=1))
+    order = np.asarray(sorted(live, key=lambda r: tb.tokens[r][mask[r]].tolist()), np.int64)
+    score = sum(prefix_tree_tokens(jax.tree.map(lambda x, i=order[i:i + rows]: x[i], tb))
+                for i in range(0, len(order), rows))
+    return {"tree_update": float(update), "tree_score": float(score)}
 
 
 def phase_work(by_source: dict) -> dict:
@@ -165,6 +187,8 @@ class Measured:
         # padded tokens the update's forward ran (fewer than the batch's with train.shared_prefix)
         out["update_tokens"] = float(row.get("time/update_model_tokens", 0.0))
         out["env_steps"] = float(np.asarray(res.traj.step_mask).sum())
+        out.update(tree_bound(res.tokens, int(self.run.config.train.mini_batch_rows),
+                              int(self.run.config.seed) * 100003 + it))
         if not keep:
             self.run.state = start
         return out
@@ -241,6 +265,7 @@ def main() -> None:
             cfg.model.path = str(model)
             benches[name] = Measured(cfg, root / name)
         out = measure(benches, a.iterations, a.repeats)
+        benches_rescore = {n: bool(b.run.config.train.recompute_old_logp) for n, b in benches.items()}
         for b in benches.values():
             b.close()
     s, g = out["strata"], out["grpo"]
@@ -274,6 +299,11 @@ def main() -> None:
     per_step = (ms / max(s["env_steps"], 1)) / (mg / max(g["env_steps"], 1))
     print(f"strata overhead over grpo, modelled at {a.model} on {a.devices} x H200 (40% MFU, 60% of HBM "
           f"bandwidth): {100 * (ms / mg - 1):+.1f} % per iteration, {100 * (per_step - 1):+.1f} % per env step")
+    for name, r in out.items():
+        passes = 2 if benches_rescore[name] else 1
+        print(f"tokens {name:6s} update {r['work']['update'].tokens / a.iterations:10.0f} run, "
+              f"{r['tree_update']:10.0f} with a perfect prefix tree; one scoring pass "
+              f"{r['work']['scoring'].tokens / passes / a.iterations:10.0f} run, {r['tree_score']:10.0f} with the tree")
     # The same with every pass on its rows' real tokens (no padding, no shared prefixes): the cost
     # model of a padding-free update such as verl's remove-padding.
     rs, rg = (sum(modelled(out[n]["work"], a.model, a.devices, real=True).values()) for n in ("strata", "grpo"))

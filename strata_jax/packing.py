@@ -195,6 +195,17 @@ def _pack_bins(prompts, tails, rows, splits, ts: int, blocks: int) -> list:
     return out
 
 
+def prefix_tree_tokens(batch: TokenBatch) -> int:
+    """Tokens a perfect prefix tree would run for these rows: every distinct prompt prefix once
+    (the nodes of a trie over the rows' prompts), each row's tail, no padding. The lower bound of
+    any prefix-sharing layout (bench/iteration.py prints it against pack_shared's plans)."""
+    prompts, tails = row_prompts(batch)
+    live = np.flatnonzero(np.asarray(batch.attention_mask).any(axis=1))
+    ps = sorted(prompts[r] for r in live)
+    shared = sum(common_prefix_len(a, b) for a, b in zip(ps, ps[1:]))  # sorted: trie nodes = sum - lcps
+    return int(sum(map(len, ps)) - shared + tails[live].sum())
+
+
 def _common_prefixes(sorted_prompts) -> np.ndarray:
     """[m, m]: the common prefix length of prompts a < b (sorted), the minimum of the neighbours'
     common prefixes between them (sorted order)."""

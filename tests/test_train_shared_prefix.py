@@ -188,6 +188,28 @@ def test_distinct_prefixes_equal_the_tuple_count():
         assert _distinct_prefixes(_common_prefixes(prompts), splits) == want, (prompts, splits)
 
 
+def test_prefix_tree_tokens_by_hand():
+    """The trie's nodes over the prompts plus the tails: prompts [1 2 3], [1 2 4], [1 2 4], [5]
+    have the distinct prefixes 1, 1 2, 1 2 3, 1 2 4 and 5 (5 tokens), then 4 response tokens; a
+    padding row adds nothing. Never more than the real tokens, and pack_shared runs no fewer."""
+    from strata_jax.packing import prefix_tree_tokens
+
+    rows = [([1, 2, 3], [9]), ([1, 2, 4], [8]), ([1, 2, 4], [7]), ([5], [6])]
+    L = 6
+    tokens, mask, loss = np.zeros((5, L), np.int32), np.zeros((5, L), bool), np.zeros((5, L), bool)
+    for i, (p, r) in enumerate(rows):
+        tokens[i, L - len(p + r):] = p + r
+        mask[i, L - len(p + r):] = True
+        loss[i, L - len(r):] = True
+    z = np.zeros((5, L), np.float32)
+    tb = TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss, old_logp=z, ref_logp=z, advantage=z,
+                    row_index=np.zeros((5, 4), np.int32), row_valid=mask.any(axis=1))
+    assert prefix_tree_tokens(tb) == 5 + 4
+    b = _rows()
+    assert prefix_tree_tokens(b) <= int(b.attention_mask.sum())
+    assert prefix_tree_tokens(b) <= _pack(b)[0].model_tokens
+
+
 def test_packing_without_sharing_or_with_bad_rows():
     b = _rows()
     # full-length random rows share nothing, and private prefixes cannot pad less than S x L
