@@ -101,14 +101,13 @@ def tree_bound(tb, rows: int, seed: int) -> dict[str, float]:
     import jax
     import numpy as np
 
+    from rollout.scoring import token_order
     from strata_jax.packing import prefix_tree_tokens
     from strata_jax.train import minibatches
 
     tb = jax.tree.map(np.asarray, tb)
     update = sum(prefix_tree_tokens(mb) for mb in minibatches(tb, rows, seed=seed))
-    mask = tb.attention_mask
-    live = np.flatnonzero(tb.loss_mask.any(axis=1))
-    order = np.asarray(sorted(live, key=lambda r: tb.tokens[r][mask[r]].tolist()), np.int64)
+    order = token_order(tb.tokens, tb.attention_mask, np.flatnonzero(tb.loss_mask.any(axis=1)))
     score = sum(prefix_tree_tokens(jax.tree.map(lambda x, i=order[i:i + rows]: x[i], tb))
                 for i in range(0, len(order), rows))
     return {"tree_update": float(update), "tree_score": float(score)}
@@ -156,11 +155,10 @@ class Measured:
         self.run = Run(config, workdir)
         per_iter = config.algo.tasks_per_iter * trajectories_per_task(config)
         self.envs = make_envs(config, per_iter, config.env.split)
-        self.samplers = list(self.run.policy.samplers.values())
-        self.kinds = dict(self.run.policy.samplers)
+        self.samplers = self.run.policy.samplers  # by call kind
 
     def _work(self) -> dict:
-        return {**{k: s.work.snapshot() for k, s in self.kinds.items()},
+        return {**{k: s.work.snapshot() for k, s in self.samplers.items()},
                 **{k: w.snapshot() for k, w in self.run.work.items()}}
 
     def once(self, it: int, keep: bool) -> dict[str, float]:
@@ -173,12 +171,12 @@ class Measured:
         from rollout.iteration import iteration_step
 
         start = jax.tree.map(jnp.copy, self.run.state)  # the update donates the state: keep a copy
-        before = sum(x.prefill_tokens for x in self.samplers)
+        before = sum(x.prefill_tokens for x in self.samplers.values())
         work0 = self._work()
         row, res = iteration_step(self.run, self.envs, it, None)
         out = dict(phases(row))
         out["work"] = phase_work({k: w.since(work0[k]) for k, w in self._work().items()})
-        out["prefill_tokens"] = float(sum(x.prefill_tokens for x in self.samplers) - before)
+        out["prefill_tokens"] = float(sum(x.prefill_tokens for x in self.samplers.values()) - before)
         # what the update ran: mini-batches trained, those skipped for carrying no signal
         # (train.skip_no_signal), and the tokens of the iteration's batch
         out["update_steps"] = float(row.get("update/steps", 0.0))

@@ -98,6 +98,11 @@ def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
     return tb.replace(ref_logp=ref, old_logp=old)
 
 
+def token_order(tokens: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`rows` sorted by their real tokens: rows that share a prompt prefix become neighbours."""
+    return np.asarray(sorted(rows, key=lambda r: tokens[r][mask[r]].tolist()), np.int64)
+
+
 def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """Teacher-forced log-probs [S, L] (0 off the loss) of the rows that have loss tokens.
 
@@ -115,7 +120,7 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
     out = np.zeros(tokens.shape, np.float32)
     live = np.flatnonzero(loss_mask.any(axis=1))
     if shared:
-        order = np.asarray(sorted(live, key=lambda r: tokens[r][mask[r]].tolist()), np.int64)
+        order = token_order(tokens, mask, live)
     else:
         order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
     for i in range(0, len(order), rows):

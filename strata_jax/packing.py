@@ -49,6 +49,7 @@ import numpy as np
 from flax import struct
 
 from strata_jax.batch import TokenBatch
+from strata_jax.cost import layer_flops, pair_flops, prefixed
 from strata_jax.prefix import common_prefix_len, fit_groups, group_rows
 
 # The TokenBatch fields laid out [S, L] along the row's tokens (the suffix keeps their tail).
@@ -141,17 +142,13 @@ def pair_cost(model_cfg) -> float:
     """FLOPs of one attention (query, key) pair over one token's FLOPs in a layer's projections
     and MLP (the vocabulary head runs on the loss window either way): the weight of attention in
     `pack_shared`'s plan cost. `model_cfg`: a strata_jax.models.config.ModelConfig."""
-    d, f = model_cfg.hidden_size, model_cfg.intermediate_size
-    q, kv = model_cfg.num_heads * model_cfg.head_dim, model_cfg.num_kv_heads * model_cfg.head_dim
-    token = 2 * (d * (q + 2 * kv) + q * d + 3 * d * f)  # q, k, v, o projections and the gated MLP
-    return 4.0 * q / token  # q.k and p.v per pair
+    return pair_flops(model_cfg) / layer_flops(model_cfg)
 
 
 def _cost(prefix_rows: int, tpre: int, rows: int, ts: int, pair: float) -> float:
     """Plan cost: padded tokens plus `pair` x the dense attention's (query, key) pairs."""
-    tokens = prefix_rows * tpre + rows * ts
-    pairs = prefix_rows * tpre * tpre + rows * ts * (tpre + ts)
-    return tokens + pair * pairs
+    work = prefixed(prefix_rows, tpre, rows, ts, 0)
+    return work["tokens"] + pair * work["pairs"]
 
 
 @dataclasses.dataclass(frozen=True)

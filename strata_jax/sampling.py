@@ -360,7 +360,7 @@ class Sampler:
         if plan is None:
             tokens, mask = _left_pad(prompts, bb, tp, cfg.pad_id)
             self.prefill_tokens += bb * tp
-            self.work.add(**cost.dense(bb, tp, 1), **cost.real(list(map(len, prompts))))
+            self.work.add(**cost.dense(bb, tp, 1))
         else:
             # [UB, Tpre] prefixes and [BB, Ts] suffixes, each left-padded; the row's prompt mask is
             # its prefix's mask followed by its suffix's, [BB, Tpre + Ts = Tp].
@@ -375,8 +375,8 @@ class Sampler:
             tokens = (pre_tokens, pre_mask, row_prefix, suf_tokens)
             self.prefill_tokens += plan.cost
             self.shared_calls += 1
-            self.work.add(**cost.prefixed(plan.unique_bucket, plan.prefix_bucket, bb, plan.suffix_bucket, 1),
-                          **cost.real(list(map(len, prompts))))
+            self.work.add(**cost.prefixed(plan.unique_bucket, plan.prefix_bucket, bb, plan.suffix_bucket, 1))
+        self.work.add(**cost.real(list(map(len, prompts))))
         consts = _Consts(
             prompt_mask=mask, prompt_len=mask.sum(1).astype(np.int32), row_valid=np.arange(bb) < b,
             **_sampling_arrays(sampling, b, bb),
