@@ -23,6 +23,7 @@ length; the per-env-step time is printed too.
 
     python bench/iteration.py [--iterations 2] [--repeats 2] [--sft-steps 30] [--keep DIR] [--set KEY=VALUE ...]
                               [--config configs/tiny_alfworld.py] [--model qwen2.5-7b] [--devices 8]
+                              [--plan-as-run]
 
 `--config` swaps the household config for another StraTA config (the same GRPO twin is derived
 from it): configs/tiny_alfworld.py runs real ALFWorld games (unpack them first, see that file),
@@ -45,6 +46,10 @@ same passes on their rows' real tokens alone (no padding, no shared prefixes), t
 a padding-free update such as verl's. A `tokens` line per algorithm sets the update's and one
 scoring pass's token slots against a perfect prefix tree's (strata_jax/packing.prefix_tree_tokens:
 every distinct prompt prefix once, no padding), the lower bound of any prefix-sharing layout.
+
+The scoring and the update pack their rows as a run of the modelled model would (`run.plan_model`:
+its attention pairs weigh little against its tokens, so wider packed rows and prefix trees pay);
+`--plan-as-run` packs them for the tiny model instead.
 """
 
 from __future__ import annotations
@@ -148,11 +153,13 @@ class Measured:
     """One algorithm's run: its train state, environments and samplers, timed one iteration at a
     time from a saved start state (so that repeats and the warm-up run the same iteration)."""
 
-    def __init__(self, config, workdir: pathlib.Path):
+    def __init__(self, config, workdir: pathlib.Path, plan_model=None):
         from rollout.run import Run
         from rollout.setup import make_envs, trajectories_per_task
 
         self.run = Run(config, workdir)
+        if plan_model is not None:  # pack the scoring and the update as a run of that model would
+            self.run.plan_model = plan_model
         per_iter = config.algo.tasks_per_iter * trajectories_per_task(config)
         self.envs = make_envs(config, per_iter, config.env.split)
         self.samplers = self.run.policy.samplers  # by call kind
@@ -248,6 +255,9 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-7b", choices=sorted(MODELS),
                     help="the model size at which the counted work is also modelled (strata_jax/cost.py)")
     ap.add_argument("--devices", type=int, default=8, help="H200s of the modelled node")
+    ap.add_argument("--plan-as-run", action="store_true",
+                    help="plan the scoring's and the update's packing for the tiny model that runs (default: "
+                         "for --model, whose attention weighs far less against its matmuls)")
     a = ap.parse_args()
 
     from rollout.setup import make_mesh
@@ -261,7 +271,7 @@ def main() -> None:
         benches = {}
         for name, cfg in (("strata", strata), ("grpo", grpo)):
             cfg.model.path = str(model)
-            benches[name] = Measured(cfg, root / name)
+            benches[name] = Measured(cfg, root / name, None if a.plan_as_run else MODELS[a.model])
         out = measure(benches, a.iterations, a.repeats)
         benches_rescore = {n: bool(b.run.config.train.recompute_old_logp) for n, b in benches.items()}
         for b in benches.values():

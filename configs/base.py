@@ -185,6 +185,13 @@ def base_config() -> mlc.ConfigDict:
     # remainders stop paying for the longest one's padding. The same log-probs up to float rounding.
     # Off: on our rows it packed almost nothing (docs/BENCHMARKS.md, "Suffixes packed several to a row").
     t.pack_segments = False
+    # Run rows as prefix trees (strata_jax/tree.py) where that costs the model less than the plain
+    # rows or one level of shared prefix: every distinct prefix once (the intro, task and strategy,
+    # a trajectory's common history, repeated prompts), each token attending to its root path. The
+    # scoring packs mini_batch_rows sorted rows per device, the update each mini-batch's rows per
+    # (micro-batch, device). The same log-probs and update up to float rounding (tests/test_tree.py);
+    # docs/BENCHMARKS.md, "Rows as prefix trees".
+    t.prefix_tree = True
     # With shared_prefix: the prefix and remainder widths the packing may pick, as sizes per octave
     # (strata_jax/packing.length_buckets; train.length_buckets are added to them). 2: 256, 384,
     # 512, 768, ...; 8: 512, 576, 640, ... More steps pad less (rows of 520-570 tokens take 576

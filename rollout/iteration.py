@@ -24,6 +24,7 @@ from strata_jax.advantages.weighting import step_weights
 from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages
 from strata_jax.diagnostics import compute_diagnostics
 from strata_jax.packing import SharedBatch
+from strata_jax.tree import TreeRows
 from strata_jax.train import minibatches
 
 if TYPE_CHECKING:
@@ -96,8 +97,8 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
             mb = trim_rows(mb, config.train.length_buckets)
             check_window(np.asarray(mb.loss_mask), run.window)
             lengths = np.asarray(mb.attention_mask).sum(axis=1)
-            mb = update_batch(run, mb)  # shared prompt prefixes split off (train.shared_prefix)
-            model_tokens += mb.model_tokens if isinstance(mb, SharedBatch) else int(np.prod(mb.tokens.shape))
+            mb = update_batch(run, mb)  # shared prefixes run once (train.shared_prefix, train.prefix_tree)
+            model_tokens += mb.model_tokens if isinstance(mb, (SharedBatch, TreeRows)) else int(np.prod(mb.tokens.shape))
             run.work["update"].add(**cost.batch_work(mb, run.window), **cost.real(lengths))
             # Every process cut the same mini-batches from the same gathered batch (same seed).
             run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))

@@ -43,6 +43,10 @@ class Run:
         (graphdef, params), self.mcfg = load_hf_model(self.model_path, mesh=self.mesh, split=True,
                                                       **model_settings(config))
         self.graphdef = graphdef
+        # The model whose costs the scoring's and the update's packing plans weigh (attention pairs
+        # against tokens, packing.pair_cost): this run's own; bench/iteration.py plans as the model
+        # it models.
+        self.plan_model = self.mcfg
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         # The reference policy is the starting model; params are donated by the update, so copy.

@@ -14,8 +14,9 @@ import numpy as np
 
 from strata_jax import cost, sharding
 from strata_jax.batch import TokenBatch, smallest_bucket
-from strata_jax.packing import SharedBatch, pack_shared, pair_cost
-from strata_jax.train import sequence_logprobs, shared_batch_logprobs
+from strata_jax.packing import SharedBatch, length_buckets, pack_shared, pair_cost
+from strata_jax.train import sequence_logprobs, shared_batch_logprobs, tree_logprobs
+from strata_jax.tree import TreeBatch, TreeRows, plan_tree, plan_tree_rows
 
 if TYPE_CHECKING:
     from rollout.run import Run
@@ -63,28 +64,60 @@ def _score_shared(graphdef, chunk: int, window: int, params, sb: SharedBatch):
     return shared_batch_logprobs(graphdef, params, sb, chunk, False, window)[0]
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _score_tree(graphdef, chunk: int, params, tb: TreeBatch):
+    """`_score_window` of rows packed as prefix trees (strata_jax/tree.py): [S, W + 1]."""
+    return tree_logprobs(graphdef, params, tb.tokens, tb.positions, tb.end, tb.slots, tb.targets, tb.blocks,
+                         chunk, False)[0]
+
+
 def data_parallel(run) -> int:
     """Devices the batch rows are split over (the mesh's data and fsdp axes)."""
     return int(run.mesh.shape["data"] * run.mesh.shape["fsdp"])
 
 
-def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch:
+def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
     """The update's input for a trimmed mini-batch: with `train.shared_prefix` its rows packed with
     their shared prompt prefixes (strata_jax/packing.py) when that saves at least a fifth of the
-    tokens through the model, else the mini-batch itself. Both give the same update up to float
-    rounding (tests/test_train_shared_prefix.py)."""
-    if not run.config.train.shared_prefix:
-        return mb
-    packed = pack(run, mb, int(run.config.train.micro_batches), run.config.train.length_buckets)
-    return mb if packed is None else packed[0]
+    tokens through the model, and with `train.prefix_tree` its rows as prefix trees
+    (strata_jax/tree.py) when those cost the model less still; else the mini-batch itself. All
+    give the same update up to float rounding (tests/test_train_shared_prefix.py, tests/test_tree.py)."""
+    t = run.config.train
+    packed = pack(run, mb, int(t.micro_batches), t.length_buckets) if t.shared_prefix else None
+    plan = mb if packed is None else packed[0]
+    if not t.prefix_tree:
+        return plan
+    mask = np.asarray(mb.attention_mask)
+    # Packed rows at most twice the mini-batch's width: the backward keeps dense attention's
+    # [rows, heads, width, width] scores, so wider rows would trade tokens for memory.
+    widths = tree_widths(run, mask, 2 * mask.shape[1])
+    tree, _ = plan_tree_rows(mb, widths, run.window, int(t.micro_batches), data_parallel(run), pair_cost(run.plan_model))
+    return min((plan, tree), key=lambda x: model_cost(run, x))
+
+
+def model_cost(run, batch) -> float:
+    """What a packing plan weighs: its padded tokens plus `pair_cost` x its dense attention pairs,
+    for `run.plan_model`."""
+    work = cost.batch_work(batch, 0)
+    return work["tokens"] + pair_cost(run.plan_model) * work["pairs"]
+
+
+def tree_widths(run, mask: np.ndarray, most: int) -> list[int]:
+    """The packed-row widths a prefix-tree plan may pick for rows `mask` [S, L]: the length
+    buckets (`train.bucket_steps` per octave) from the longest row up to `most`, and no wider than
+    the widest configured length bucket; the rows' own width L when none fits."""
+    longest = int(mask.sum(axis=1).max(initial=1))
+    top = max(longest, min(most, max(run.config.train.length_buckets)))
+    return [x for x in length_buckets(top, run.config.train.length_buckets, steps=int(run.config.train.bucket_steps))
+            if longest <= x <= top] or [mask.shape[1]]
 
 
 def pack(run, tb: TokenBatch, micro_batches: int, buckets):
     """`pack_shared` with the run's settings: data-parallel blocks, `train.pack_segments`,
-    `train.bucket_steps`, and attention's weight in the plan cost from the run's model."""
+    `train.bucket_steps`, and attention's weight in the plan cost from `run.plan_model`."""
     t = run.config.train
     return pack_shared(tb, micro_batches, data_parallel(run), buckets, segments=bool(t.pack_segments),
-                       pair=pair_cost(run.mcfg), steps=int(t.bucket_steps))
+                       pair=pair_cost(run.plan_model), steps=int(t.bucket_steps))
 
 
 def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
@@ -110,16 +143,20 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
     ~ length^2 here, so a chunk of short rows must not pay for the longest row. The chunks take
     the rows in length order, or with `train.shared_prefix` in token order (rows that share a
     prompt prefix become neighbours) and each chunk runs its shared prefixes once when that saves
-    at least a fifth of its tokens (`update_batch`).
+    at least a fifth of its tokens (`update_batch`). With `train.prefix_tree`, in token order too, a
+    chunk holds mini_batch_rows rows per data-parallel device and runs as prefix trees
+    (strata_jax/tree.py: every distinct prefix once) when that costs the model less (`_chunk_plan`).
     """
-    rows = int(run.config.train.mini_batch_rows)
     buckets = run.config.train.length_buckets
     chunk = int(run.config.train.logprob_chunk)
-    shared = bool(run.config.train.shared_prefix)
+    shared, tree = bool(run.config.train.shared_prefix), bool(run.config.train.prefix_tree)
+    # As trees, every device packs mini_batch_rows neighbours (the chunk's rows are split into one
+    # contiguous block per device, and a tree shares only within its block).
+    rows = int(run.config.train.mini_batch_rows) * (data_parallel(run) if tree else 1)
     check_window(loss_mask, run.window)
     out = np.zeros(tokens.shape, np.float32)
     live = np.flatnonzero(loss_mask.any(axis=1))
-    if shared:
+    if shared or tree:
         order = token_order(tokens, mask, live)
     else:
         order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
@@ -133,25 +170,46 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
             lm = np.concatenate([lm, np.zeros((rows - n, lm.shape[1]), bool)])
         w = trim_width(mk, buckets)
         tk, mk, lm = tk[:, -w:], mk[:, -w:], lm[:, -w:]
-        packed = None
-        if shared:
-            zeros = np.zeros(tk.shape, np.float32)
-            tb = TokenBatch(tokens=tk, attention_mask=mk, loss_mask=lm, old_logp=zeros, ref_logp=zeros, advantage=zeros,
-                            row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
-            packed = pack(run, tb, 1, buckets)
-        if packed is None:
+        plan = _chunk_plan(run, tk, mk, lm, n) if shared or tree else None
+        if plan is None:
             run.work["score"].add(**cost.dense(rows, w, run.window), **cost.real(mk.sum(axis=1)))
             lp = _score_window(run.graphdef, chunk, run.window, params, *to_mesh(run, (tk, mk)))
             out[idx, -w:] = sharding.fetch_global(lp)[:n]
-            continue
-        sb, perm = packed  # packed row p is chunk row perm[p]; its suffix is the row's last Ls columns
-        run.work["score"].add(**cost.batch_work(sb, run.window), **cost.real(mk.sum(axis=1)))
-        lp = _score_shared(run.graphdef, chunk, run.window, params, to_mesh(run, sb))
-        lp = sharding.fetch_global(lp)
-        c = min(lp.shape[1], w)
-        real = perm < n
-        out[idx[perm[real]], -c:] = lp[real, -c:]
+        elif isinstance(plan, TreeBatch):
+            run.work["score"].add(**cost.batch_work(plan, run.window), **cost.real(mk.sum(axis=1)))
+            lp = sharding.fetch_global(_score_tree(run.graphdef, chunk, params, to_mesh(run, plan)))  # [rows, W + 1]
+            c = min(lp.shape[1] - 1, w)
+            out[idx, -c:] = lp[:n, -c:]
+        else:
+            sb, perm = plan  # packed row p is chunk row perm[p]; its suffix is the row's last Ls columns
+            run.work["score"].add(**cost.batch_work(sb, run.window), **cost.real(mk.sum(axis=1)))
+            lp = sharding.fetch_global(_score_shared(run.graphdef, chunk, run.window, params, to_mesh(run, sb)))
+            c = min(lp.shape[1], w)
+            real = perm < n
+            out[idx[perm[real]], -c:] = lp[real, -c:]
     return np.where(loss_mask, out, 0.0).astype(np.float32)
+
+
+def _chunk_plan(run, tk, mk, lm, n):
+    """How a scoring chunk [rows, w] (its first n rows real) shares its prefixes: with
+    `train.shared_prefix` the (SharedBatch, row order) of `pack` (one level of shared prefix), and
+    with `train.prefix_tree` whichever of that, a TreeBatch (the rows as prefix trees,
+    strata_jax/tree.py) and the plain rows costs the model least (tokens plus attention pairs
+    weighed for `run.plan_model`, `pair_cost`); None: the plain rows."""
+    rows, w = tk.shape
+    zeros = np.zeros(tk.shape, np.float32)
+    tb = TokenBatch(tokens=tk, attention_mask=mk, loss_mask=lm, old_logp=zeros, ref_logp=zeros, advantage=zeros,
+                    row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
+    packed = pack(run, tb, 1, run.config.train.length_buckets) if run.config.train.shared_prefix else None
+    if not run.config.train.prefix_tree:
+        return packed
+    # Packed rows up to 4x the longest row (no backward here to keep their attention scores).
+    widths = tree_widths(run, mk, 4 * int(mk.sum(axis=1).max(initial=1)))
+    tree = plan_tree(tk, mk, widths, run.window, data_parallel(run), pair_cost(run.plan_model))
+    costs = [(model_cost(run, tb), None), (model_cost(run, tree), tree)]
+    if packed is not None:
+        costs.append((model_cost(run, packed[0]), packed))
+    return min(costs, key=lambda c: c[0])[1]
 
 
 def to_mesh(run, tree):

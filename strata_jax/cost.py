@@ -101,9 +101,14 @@ def prefixed(prefix_rows: int, tpre: int, rows: int, ts: int, head: int) -> dict
 
 
 def batch_work(batch, window: int) -> dict:
-    """The pass `train.sequence_logprobs` / `shared_batch_logprobs` runs over a TokenBatch [S, L]
-    or a SharedBatch (prefixes once, suffixes plain or packed), with a logprob window of `window`
-    columns through the head."""
+    """The pass `train.sequence_logprobs` / `shared_batch_logprobs` / `tree_logprobs` runs over a
+    TokenBatch [S, L], a SharedBatch (prefixes once, suffixes plain or packed), a TreeBatch or a
+    TreeRows, with a logprob window of `window` columns through the head."""
+    batch = getattr(batch, "tree", batch)  # a TreeRows runs its TreeBatch
+    if hasattr(batch, "end"):  # a TreeBatch (strata_jax/tree.py): packed rows, the head on the gathered windows
+        out = dense(*batch.tokens.shape, 0)
+        out["head_tokens"] = batch.slots.shape[0] * min(window, batch.slots.shape[1] - 1)
+        return out
     prefix = getattr(batch, "prefix_tokens", None)
     if prefix is None:
         s, l = batch.tokens.shape

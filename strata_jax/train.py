@@ -33,6 +33,7 @@ from strata_jax.loss import LossConfig, combine_metrics, empty_metrics, finalize
 from strata_jax.models.heads import token_logprobs
 from strata_jax.models.qwen2 import positions_from_mask
 from strata_jax.packing import SharedBatch
+from strata_jax.tree import TreeRows
 from strata_jax.sharding import data_sharding, param_shardings, replicated, shard_params
 
 SCHEDULES = ("constant", "warmup_cosine")
@@ -275,6 +276,29 @@ def shared_batch_logprobs(graphdef, params, sb: SharedBatch, chunk_size: int = 8
                                     sb.rows.tokens, sb.rows.attention_mask, chunk_size, return_entropy, window)
 
 
+def tree_logprobs(graphdef, params, tree_tokens, tree_positions, tree_end, slots, targets, blocks: int = 1,
+                  chunk_size: int = 8192, return_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """`sequence_logprobs` of rows packed as prefix trees (strata_jax/tree.py): [S, W + 1], column
+    c the log-prob of targets[s, c] (the row's last W + 1 tokens; column 0 is 0).
+
+    tree_tokens / tree_positions / tree_end [R, T]: the packed rows, each token at its depth and
+    seeing only its path from the root (`Decoder(tree_end=...)`); slots [S, W + 1]: where row s's
+    last W + 1 tokens lie among the R / blocks x T slots of its block (`blocks` static, one per
+    data-parallel device, so the gather stays on a device). The hidden states are gathered back
+    to the rows and the head runs as in `sequence_logprobs` with window W.
+    """
+    model = nnx.merge(graphdef, params)
+    r, t = tree_tokens.shape
+    s, w1 = slots.shape
+    valid = tree_end > jnp.arange(t, dtype=tree_end.dtype)[None, :]  # padding slots have end 0
+    hidden, _ = model(tree_tokens, tree_positions, valid, tree_end=tree_end)  # [R, T, D]
+    d = hidden.shape[-1]
+    flat = hidden.reshape(blocks, (r // blocks) * t, d)  # [blocks, R / blocks x T, D]
+    where = slots.reshape(blocks, (s // blocks) * w1, 1)
+    rows_hidden = jnp.take_along_axis(flat, where, axis=1).reshape(s, w1, d)  # [S, W + 1, D]
+    return _head_logprobs(model, rows_hidden, targets, chunk_size, return_entropy, w1 - 1)
+
+
 def _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window):
     """Shifted log-probs (and entropy) [S, L] of tokens from hidden [S, L, D]; see sequence_logprobs."""
     length = tokens.shape[1]
@@ -308,7 +332,10 @@ def _split_micro(batch: TokenBatch | SharedBatch, k: int) -> TokenBatch | Shared
     return jax.tree.map(one, batch)
 
 
-def _check_batch(batch: TokenBatch | SharedBatch, micro_batches: int, n_data: int) -> None:
+def _check_batch(batch: TokenBatch | SharedBatch | TreeRows, micro_batches: int, n_data: int) -> None:
+    if isinstance(batch, TreeRows):
+        _check_tree(batch, micro_batches, n_data)
+        batch = batch.rows
     if isinstance(batch, SharedBatch):
         _check_shared(batch, micro_batches, n_data)
         batch = batch.rows
@@ -355,6 +382,24 @@ def _check_shared(batch: SharedBatch, micro_batches: int, n_data: int) -> None:
                              f"{batch.rows.tokens.shape}")
 
 
+def _check_tree(batch: TreeRows, micro_batches: int, n_data: int) -> None:
+    t = batch.tree
+    if batch.micro_batches != micro_batches or t.blocks != n_data:
+        raise ValueError(f"TreeRows packed for micro_batches={batch.micro_batches} x {t.blocks} data-parallel blocks, "
+                         f"but the step runs micro_batches={micro_batches} on {n_data} devices (its slots index "
+                         f"each block's own packed rows)")
+    r, width = t.tokens.shape
+    for name in ("positions", "end"):
+        if getattr(t, name).shape != (r, width):
+            raise ValueError(f"TreeRows.tree.{name}: shape {getattr(t, name).shape} != tokens shape {(r, width)}")
+    if r % (micro_batches * n_data):
+        raise ValueError(f"TreeRows.tree: packed rows R={r} must be divisible by micro_batches={micro_batches} x "
+                         f"data-parallel devices={n_data}")
+    if t.slots.shape != batch.rows.tokens.shape or t.targets.shape != batch.rows.tokens.shape:
+        raise ValueError(f"TreeRows.tree.slots / targets: shapes {t.slots.shape} / {t.targets.shape} != the rows' "
+                         f"{batch.rows.tokens.shape}")
+
+
 class TrainStep:
     """`train_step(state, batch, lam_strategy) -> (state, metrics)`: one jax.jit, state donated.
 
@@ -363,9 +408,9 @@ class TrainStep:
     object (for `.lower(...)`). `lam_strategy` is the weight of strategy rows (traced scalar,
     required: StraTA's lambda; any value for flat algorithms, which have no strategy rows).
     The batch is a global array (multi-host: `sharding.host_local_to_global`) or host numpy: a
-    TokenBatch, or a SharedBatch (strata_jax/packing.py, packed for this step's micro_batches and
-    data-parallel size), whose update equals its TokenBatch's up to float rounding. Each batch
-    shape, and each of the two kinds, compiles its own program.
+    TokenBatch, a SharedBatch (strata_jax/packing.py) or a TreeRows (strata_jax/tree.py), the last
+    two packed for this step's micro_batches and data-parallel size; their update equals their
+    TokenBatch's up to float rounding. Each batch shape, and each kind, compiles its own program.
     """
 
     def __init__(self, step_fn: Callable, mesh: Mesh, rules, micro_batches: int,
@@ -412,9 +457,9 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     The sharding constraints inside it name mesh axes per copy; under vmap the copy axis stays
     unconstrained (replicated).
 
-    The batch is a TokenBatch or a SharedBatch (`shared_sequence_logprobs` then runs its prefixes
-    once per micro-batch); the loss (sum, count), metrics and gradient are the same up to float
-    rounding. rollout/population.py vmaps it over TokenBatches only (the copies' packed shapes
+    The batch is a TokenBatch, a SharedBatch (`shared_sequence_logprobs` then runs its prefixes
+    once per micro-batch) or a TreeRows (`tree_logprobs`: its rows as prefix trees); the loss
+    (sum, count), metrics and gradient are the same up to float rounding. rollout/population.py vmaps it over TokenBatches only (the copies' packed shapes
     would differ).
     """
     if micro_batches < 1:
@@ -424,10 +469,14 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
 
     def micro_grads(params, mb: TokenBatch | SharedBatch, lam):
         """Gradient of the loss *sum* on one micro-batch, its count and its metrics."""
-        rows = mb.rows if isinstance(mb, SharedBatch) else mb
+        rows = mb.rows if isinstance(mb, (SharedBatch, TreeRows)) else mb
 
         def f(p):
-            if isinstance(mb, SharedBatch):
+            if isinstance(mb, TreeRows):
+                t = mb.tree
+                logp, ent = tree_logprobs(graphdef, p, t.tokens, t.positions, t.end, t.slots, t.targets, t.blocks,
+                                          logprob_chunk, loss_cfg.needs_entropy)
+            elif isinstance(mb, SharedBatch):
                 logp, ent = shared_batch_logprobs(graphdef, p, mb, logprob_chunk, loss_cfg.needs_entropy,
                                                   logprob_window)
             else:

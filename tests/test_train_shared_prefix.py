@@ -297,8 +297,14 @@ def test_train_step_shared_equals_unshared(micro_batches, mesh_shape, segments):
     mesh = one if mesh_shape is None else sh.make_mesh(mesh_shape)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     sb, _ = _pack(b, micro_batches, dp, segments)
+    check_same_step(one, b, mesh, sb, micro_batches, p)
+
+
+def check_same_step(one, b, mesh, packed, micro_batches, p):
+    """A step on the plain TokenBatch b (mesh `one`) and on its packed form (`mesh`) from params p:
+    the same metrics and parameters, and a real update."""
     want_p, want_m = _steps(one, b, micro_batches, jax.tree.map(jnp.copy, p))
-    got_p, got_m = _steps(mesh, sb, micro_batches, jax.tree.map(jnp.copy, p))
+    got_p, got_m = _steps(mesh, packed, micro_batches, jax.tree.map(jnp.copy, p))
     assert want_m["applied"] == 1 and want_m["tokens"] == b.loss_mask.sum()
     assert set(got_m) == set(want_m)
     for k, v in want_m.items():
@@ -309,12 +315,17 @@ def test_train_step_shared_equals_unshared(micro_batches, mesh_shape, segments):
         np.testing.assert_allclose(x, w, rtol=1e-5, atol=1e-6)
 
 
-def test_step_refuses_a_batch_packed_for_other_micro_batches():
+def one_device_step():
+    """(a one-micro-batch train step on one device, its state) for the refusal tests."""
     g, p = tiny_model(**INIT)
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     opt = T.make_optimizer(OPT)
     step = T.make_train_step(g, opt, LOSS, mesh, micro_batches=1)
-    state = T.init_train_state(g, p, opt, 0, mesh)
+    return step, T.init_train_state(g, p, opt, 0, mesh)
+
+
+def test_step_refuses_a_batch_packed_for_other_micro_batches():
+    step, state = one_device_step()
     sb, _ = _pack(_rows(), micro_batches=2)
     with pytest.raises(ValueError, match="packed for micro_batches=2"):
         step(state, sb, 0.5)
@@ -338,10 +349,11 @@ def test_score_rows_shared_equals_plain(monkeypatch, segments):
 
     def run(shared):
         train = types.SimpleNamespace(mini_batch_rows=8, length_buckets=(16, 32, 48), logprob_chunk=8192,
-                                      shared_prefix=shared, pack_segments=shared and segments, bucket_steps=2)
+                                      shared_prefix=shared, pack_segments=shared and segments, bucket_steps=2,
+                                      prefix_tree=False)
         return types.SimpleNamespace(config=types.SimpleNamespace(train=train), window=12, graphdef=g, pad_id=0,
                                      mesh=sh.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
-                                     mcfg=ModelConfig.from_hf(TINY), work={"score": Work()})
+                                     plan_model=ModelConfig.from_hf(TINY), work={"score": Work()})
 
     args = (p, b.tokens, b.attention_mask, b.loss_mask)
     plain_run, shared_run = run(False), run(True)
@@ -368,8 +380,8 @@ def test_update_batch_packs_only_with_the_switch_on():
 
     def run(shared, micro_batches=2, segments=False):
         train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared,
-                                      pack_segments=segments, bucket_steps=2)
-        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), mcfg=ModelConfig.from_hf(TINY),
+                                      pack_segments=segments, bucket_steps=2, prefix_tree=False)
+        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), plan_model=ModelConfig.from_hf(TINY),
                                      mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}))
 
     assert update_batch(run(False), b) is b

@@ -53,7 +53,8 @@ def test_windowed_logprobs_equal_the_full_head_on_the_window(model):
 
 def _fake_run(graphdef, rows: int, window: int):
     config = mlc.ConfigDict({"train": {"mini_batch_rows": rows, "length_buckets": (8, 16, 24, 32),
-                                       "logprob_chunk": 8192, "shared_prefix": False}})
+                                       "logprob_chunk": 8192, "shared_prefix": False,
+                                       "prefix_tree": False}})
     return types.SimpleNamespace(config=config, window=window, graphdef=graphdef, pad_id=0,
                                  work={"score": Work(), "update": Work()})
 

@@ -371,7 +371,8 @@ class Decoder(nnx.Module):
     # -- public API ----------------------------------------------------------------------------
 
     def __call__(self, tokens, positions, attention_mask, cache: KVCache | None = None,
-                 cache_index=None, last_only: bool = False, segment_ids=None) -> tuple[jax.Array, KVCache | None]:
+                 cache_index=None, last_only: bool = False, segment_ids=None,
+                 tree_end=None) -> tuple[jax.Array, KVCache | None]:
         """tokens, positions [B, T] int; attention_mask [B, T] (no cache) or [B, S] (cache).
 
         cache_index: a traced int32 scalar, or a Python int (static; 0 lets a prefill attend over
@@ -383,6 +384,10 @@ class Decoder(nnx.Module):
         segment g or 0 (0: a prefix every segment continues). The queries' own ids are the
         columns [cache_index, cache_index + T), so with a cache cache_index must be a Python int.
 
+        tree_end: optional int [B, T] (no cache), for a prefix tree packed into one row in preorder
+        (strata_jax/tree.py): key j's subtree is columns [j, tree_end[j]), so query i sees key j iff
+        j <= i < tree_end[j], i.e. exactly the tokens on its path from the root.
+
         Returns (hidden [B, T, D] after the final norm, updated cache or None).
         """
         cfg = self.cfg
@@ -391,6 +396,10 @@ class Decoder(nnx.Module):
         cos, sin = _rope_buffers(positions, rope_inv_freq(cfg))  # [B, T, Dh]
         mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None,
                                segment_ids)
+        if tree_end is not None:
+            if tree_end.shape != tokens.shape:
+                raise ValueError(f"tree_end: expected shape {tokens.shape} like tokens, got {tree_end.shape}")
+            mask = mask & _tree_mask(tree_end, cache)
         ks = cache.k if cache is not None else None
         vs = cache.v if cache is not None else None
         x, ks, vs = self._run_layers(x, cos, sin, mask, ks, vs, cache_index, bool(last_only))
@@ -568,6 +577,15 @@ def _attention_mask(attention_mask, t: int, cache_index, segment_ids=None) -> ja
     q_seg = segment_ids[:, int(start):int(start) + t]  # [B, T]
     same = (segment_ids[:, None, :] == q_seg[:, :, None]) | (segment_ids[:, None, :] == 0)  # [B, T, S']
     return mask & same
+
+
+def _tree_mask(tree_end, cache) -> jax.Array:
+    """[B, T, T] bool: query i sees key j only inside j's subtree, i < tree_end[j] (causality,
+    j <= i, comes from the attention mask)."""
+    if cache is not None:
+        raise ValueError("tree_end packs a whole prefix tree into the row: it takes no cache")
+    t = tree_end.shape[1]
+    return jnp.arange(t, dtype=jnp.int32)[None, :, None] < tree_end.astype(jnp.int32)[:, None, :]
 
 
 # ----------------------------------------------------------------------------------------------
