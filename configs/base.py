@@ -185,13 +185,18 @@ def base_config() -> mlc.ConfigDict:
     # remainders stop paying for the longest one's padding. The same log-probs up to float rounding.
     # Off: on our rows it packed almost nothing (docs/BENCHMARKS.md, "Suffixes packed several to a row").
     t.pack_segments = False
-    # Run rows as prefix trees (strata_jax/tree.py) where that costs the model less than the plain
-    # rows or one level of shared prefix: every distinct prefix once (the intro, task and strategy,
-    # a trajectory's common history, repeated prompts), each token attending to its root path. The
-    # scoring packs mini_batch_rows sorted rows per device, the update each mini-batch's rows per
-    # (micro-batch, device). The same log-probs and update up to float rounding (tests/test_tree.py);
-    # docs/BENCHMARKS.md, "Rows as prefix trees".
+    # Score rows as prefix trees (strata_jax/tree.py) where that costs the model less than the plain
+    # rows or one level of shared prefix: every distinct prefix of mini_batch_rows sorted rows per
+    # device once (the intro, task and strategy, a trajectory's common history, repeated prompts),
+    # each token attending to its root path. The same log-probs up to float rounding
+    # (tests/test_tree.py); 34-46% fewer scoring tokens on ALFWorld rows (docs/BENCHMARKS.md, "Rows
+    # as prefix trees").
     t.prefix_tree = True
+    # The same for the update's mini-batches (per micro-batch and device), the same update up to
+    # float rounding. Off by default: it paid only at the paper's shape (GRPO -17%, StraTA -5% of
+    # update tokens; nothing with 64-row mini-batches at M = 8), and each packed shape compiles a
+    # train step of its own (on the CPU the embedded default's update took 126 s instead of 94 s).
+    t.prefix_tree_update = False
     # With shared_prefix: the prefix and remainder widths the packing may pick, as sizes per octave
     # (strata_jax/packing.length_buckets; train.length_buckets are added to them). 2: 256, 384,
     # 512, 768, ...; 8: 512, 576, 640, ... More steps pad less (rows of 520-570 tokens take 576

@@ -79,13 +79,13 @@ def data_parallel(run) -> int:
 def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
     """The update's input for a trimmed mini-batch: with `train.shared_prefix` its rows packed with
     their shared prompt prefixes (strata_jax/packing.py) when that saves at least a fifth of the
-    tokens through the model, and with `train.prefix_tree` its rows as prefix trees
+    tokens through the model, and with `train.prefix_tree_update` its rows as prefix trees
     (strata_jax/tree.py) when those cost the model less still; else the mini-batch itself. All
     give the same update up to float rounding (tests/test_train_shared_prefix.py, tests/test_tree.py)."""
     t = run.config.train
     packed = pack(run, mb, int(t.micro_batches), t.length_buckets) if t.shared_prefix else None
     plan = mb if packed is None else packed[0]
-    if not t.prefix_tree:
+    if not t.prefix_tree_update:
         return plan
     mask = np.asarray(mb.attention_mask)
     # Packed rows at most twice the mini-batch's width: the backward keeps dense attention's

@@ -380,7 +380,7 @@ def test_update_batch_packs_only_with_the_switch_on():
 
     def run(shared, micro_batches=2, segments=False):
         train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared,
-                                      pack_segments=segments, bucket_steps=2, prefix_tree=False)
+                                      pack_segments=segments, bucket_steps=2, prefix_tree_update=False)
         return types.SimpleNamespace(config=types.SimpleNamespace(train=train), plan_model=ModelConfig.from_hf(TINY),
                                      mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}))
 

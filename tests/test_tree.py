@@ -244,8 +244,8 @@ def test_update_batch_packs_trees_only_with_the_switch_on(tree, shared, want):
     from strata_jax.cost import MODELS
 
     def run(tree, shared):
-        train = types.SimpleNamespace(micro_batches=2, length_buckets=(48,), shared_prefix=shared, prefix_tree=tree,
-                                      pack_segments=False, bucket_steps=2)
+        train = types.SimpleNamespace(micro_batches=2, length_buckets=(48,), shared_prefix=shared,
+                                      prefix_tree_update=tree, pack_segments=False, bucket_steps=2)
         return types.SimpleNamespace(config=types.SimpleNamespace(train=train), plan_model=MODELS["qwen2.5-7b"],
                                      window=12, mesh=sh.make_mesh({"data": 2, "fsdp": 1}, devices=jax.devices()[:2]))
 
