@@ -515,7 +515,7 @@ def default_plot(runs: dict, seeds, out: pathlib.Path, gain: str) -> None:
     ax.set_xlabel("iteration (0 = SFT start)")
     ax.set_ylabel("held-out success (dashed: each seed's start)")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Embedded default (README command 1): held-out success gain {gain}", fontsize=10)
+    ax.set_title(f"Embedded default (README command 1)\nheld-out success gain {gain}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

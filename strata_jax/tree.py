@@ -23,9 +23,10 @@ device, so the gather stays on a device. Dense attention runs every (query, key)
 row, most of them masked: the width trades shared tokens against pairs (`plan_tree` picks it by
 model cost).
 
-The scoring runs TreeBatches (rollout/scoring.score_rows). The update runs `TreeRows`: a
-mini-batch's rows dealt to (micro-batch, device) blocks and laid out for the train step's
-strided micro-batch split (`plan_tree_rows`), with the loss's fields cut to the log-prob window.
+The scoring runs TreeBatches (rollout/scoring.score_rows). With `train.prefix_tree_update` the
+update runs `TreeRows`: a mini-batch's rows dealt to (micro-batch, device) blocks and laid out
+for the train step's strided micro-batch split (`plan_tree_rows`), with the loss's fields cut to
+the log-prob window.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from flax import struct
 from strata_jax.batch import TokenBatch
 from strata_jax.cost import dense
 from strata_jax.packing import TOKEN_FIELDS
+from strata_jax.prefix import common_prefix_len
 
 
 @struct.dataclass
@@ -62,12 +64,6 @@ class TreeBatch:
     @property
     def model_tokens(self) -> int:
         return int(np.prod(self.tokens.shape))
-
-
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
 
 
 def subtree_ends(depth: np.ndarray, used: int) -> np.ndarray:
@@ -94,7 +90,7 @@ def _blocks(tokens: np.ndarray, mask: np.ndarray, blocks: int):
         seqs = [tokens[r][mask[r]] for r in range(b * per, (b + 1) * per)]
         lcps, prev = [], None
         for seq in seqs:
-            lcps.append(_lcp(prev, seq) if prev is not None and len(seq) else 0)
+            lcps.append(common_prefix_len(prev, seq) if prev is not None and len(seq) else 0)
             prev = seq if len(seq) else prev
         out.append((seqs, lcps))
     return out
