@@ -97,8 +97,9 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
             mb = trim_rows(mb, config.train.length_buckets)
             check_window(np.asarray(mb.loss_mask), run.window)
             lengths = np.asarray(mb.attention_mask).sum(axis=1)
-            mb = update_batch(run, mb)  # shared prefixes run once (train.shared_prefix, train.prefix_tree)
-            model_tokens += mb.model_tokens if isinstance(mb, (SharedBatch, TreeRows)) else int(np.prod(mb.tokens.shape))
+            mb = update_batch(run, mb)  # shared prefixes once (train.shared_prefix, train.prefix_tree_update)
+            packed = isinstance(mb, (SharedBatch, TreeRows))
+            model_tokens += mb.model_tokens if packed else int(np.prod(mb.tokens.shape))
             run.work["update"].add(**cost.batch_work(mb, run.window), **cost.real(lengths))
             # Every process cut the same mini-batches from the same gathered batch (same seed).
             run.state, m = run.train_step(run.state, to_mesh(run, mb), float(config.algo.lam_strategy))

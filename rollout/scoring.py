@@ -91,7 +91,8 @@ def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
     # Packed rows at most twice the mini-batch's width: the backward keeps dense attention's
     # [rows, heads, width, width] scores, so wider rows would trade tokens for memory.
     widths = tree_widths(run, mask, 2 * mask.shape[1])
-    tree, _ = plan_tree_rows(mb, widths, run.window, int(t.micro_batches), data_parallel(run), pair_cost(run.plan_model))
+    tree, _ = plan_tree_rows(mb, widths, run.window, int(t.micro_batches), data_parallel(run),
+                             pair_cost(run.plan_model))
     return min((plan, tree), key=lambda x: model_cost(run, x))
 
 
