@@ -97,10 +97,8 @@ def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
 
 
 def model_cost(run, batch) -> float:
-    """What a packing plan weighs: its padded tokens plus `pair_cost` x its dense attention pairs,
-    for `run.plan_model`."""
-    work = cost.batch_work(batch, 0)
-    return work["tokens"] + pair_cost(run.plan_model) * work["pairs"]
+    """`cost.plan_cost` of running `batch` (plain, shared or as trees), for `run.plan_model`."""
+    return cost.plan_cost(cost.batch_work(batch, 0), pair_cost(run.plan_model))
 
 
 def tree_widths(run, mask: np.ndarray, most: int) -> list[int]:

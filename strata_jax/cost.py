@@ -100,6 +100,12 @@ def prefixed(prefix_rows: int, tpre: int, rows: int, ts: int, head: int) -> dict
             "head_tokens": rows * min(head, ts)}
 
 
+def plan_cost(work: dict, pair: float) -> float:
+    """What a packing plan weighs: its padded token slots plus `pair` (packing.pair_cost: one
+    attention pair's FLOPs over one token's) x its dense attention pairs."""
+    return work["tokens"] + pair * work["pairs"]
+
+
 def batch_work(batch, window: int) -> dict:
     """The pass `train.sequence_logprobs` / `shared_batch_logprobs` / `tree_logprobs` runs over a
     TokenBatch [S, L], a SharedBatch (prefixes once, suffixes plain or packed), a TreeBatch or a

@@ -49,7 +49,7 @@ import numpy as np
 from flax import struct
 
 from strata_jax.batch import TokenBatch
-from strata_jax.cost import layer_flops, pair_flops, prefixed
+from strata_jax.cost import layer_flops, pair_flops, plan_cost, prefixed
 from strata_jax.prefix import common_prefix_len, fit_groups, group_rows
 
 # The TokenBatch fields laid out [S, L] along the row's tokens (the suffix keeps their tail).
@@ -147,8 +147,7 @@ def pair_cost(model_cfg) -> float:
 
 def _cost(prefix_rows: int, tpre: int, rows: int, ts: int, pair: float) -> float:
     """Plan cost: padded tokens plus `pair` x the dense attention's (query, key) pairs."""
-    work = prefixed(prefix_rows, tpre, rows, ts, 0)
-    return work["tokens"] + pair * work["pairs"]
+    return plan_cost(prefixed(prefix_rows, tpre, rows, ts, 0), pair)
 
 
 @dataclasses.dataclass(frozen=True)

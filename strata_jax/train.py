@@ -251,17 +251,13 @@ def packed_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, packe
     """
     model = nnx.merge(graphdef, params)
     tpre = prefix_tokens.shape[1]
-    r, ts = packed_tokens.shape
-    s, ls = row_slots.shape
+    ts = packed_tokens.shape[1]
     cache, pre_mask = _prefix_caches(model, prefix_tokens, prefix_mask, packed_prefix, ts)
     mask = jnp.concatenate([pre_mask, packed_segments > 0], axis=1)  # [R, Tpre + Ts]
     segments = jnp.concatenate([jnp.zeros(pre_mask.shape, jnp.int32), packed_segments.astype(jnp.int32)], axis=1)
     hidden, _ = model(packed_tokens, packed_positions, mask, cache=cache, cache_index=tpre,
                       segment_ids=segments)  # [R, Ts, D]
-    d = hidden.shape[-1]
-    flat = hidden.reshape(blocks, (r // blocks) * ts, d)  # [blocks, R / blocks x Ts, D]
-    where = row_slots.reshape(blocks, (s // blocks) * ls, 1)
-    rows_hidden = jnp.take_along_axis(flat, where, axis=1).reshape(s, ls, d)  # [S, Ls, D]
+    rows_hidden = _gather_rows(hidden, row_slots, blocks)  # [S, Ls, D]
     return _head_logprobs(model, rows_hidden, tokens, chunk_size, return_entropy, window)
 
 
@@ -288,15 +284,23 @@ def tree_logprobs(graphdef, params, tree_tokens, tree_positions, tree_end, slots
     to the rows and the head runs as in `sequence_logprobs` with window W.
     """
     model = nnx.merge(graphdef, params)
-    r, t = tree_tokens.shape
-    s, w1 = slots.shape
+    t = tree_tokens.shape[1]
+    w1 = slots.shape[1]
     valid = tree_end > jnp.arange(t, dtype=tree_end.dtype)[None, :]  # padding slots have end 0
     hidden, _ = model(tree_tokens, tree_positions, valid, tree_end=tree_end)  # [R, T, D]
-    d = hidden.shape[-1]
-    flat = hidden.reshape(blocks, (r // blocks) * t, d)  # [blocks, R / blocks x T, D]
-    where = slots.reshape(blocks, (s // blocks) * w1, 1)
-    rows_hidden = jnp.take_along_axis(flat, where, axis=1).reshape(s, w1, d)  # [S, W + 1, D]
+    rows_hidden = _gather_rows(hidden, slots, blocks)  # [S, W + 1, D]
     return _head_logprobs(model, rows_hidden, targets, chunk_size, return_entropy, w1 - 1)
+
+
+def _gather_rows(hidden, slots, blocks: int):
+    """[S, C, D]: the hidden states hidden [R, T, D] at each row's flat slots [S, C], where rows and
+    packed rows split into `blocks` contiguous blocks (one per data-parallel device) and a row's
+    slots index its own block's R / blocks x T slots, so the gather stays on a device."""
+    r, t, d = hidden.shape
+    s, c = slots.shape
+    flat = hidden.reshape(blocks, (r // blocks) * t, d)  # [blocks, R / blocks x T, D]
+    where = slots.reshape(blocks, (s // blocks) * c, 1)
+    return jnp.take_along_axis(flat, where, axis=1).reshape(s, c, d)
 
 
 def _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window):

@@ -37,9 +37,9 @@ import jax
 import numpy as np
 from flax import struct
 
-from strata_jax.batch import TokenBatch
-from strata_jax.cost import dense
-from strata_jax.packing import TOKEN_FIELDS
+from strata_jax.batch import TokenBatch, smallest_bucket
+from strata_jax.cost import dense, plan_cost
+from strata_jax.packing import TOKEN_FIELDS, length_buckets
 from strata_jax.prefix import common_prefix_len
 
 
@@ -96,10 +96,12 @@ def _blocks(tokens: np.ndarray, mask: np.ndarray, blocks: int):
     return out
 
 
-def _count_rows(seqs, lcps, width: int) -> int:
-    """How many packed rows of `width` `_pack_block` fills (the same greedy rule, no layout)."""
-    rows, used = 0, width + 1
-    for seq, keep in zip(seqs, lcps):
+def _placements(seqs, lcps, width: int):
+    """The greedy layout rule, once: for each non-empty row k (in order), (k, packed row, first
+    slot, kept prefix). A row continues its predecessor's packed row past their common prefix when
+    its new tokens fit, else opens the next packed row and is written in full."""
+    rows, used = -1, width + 1  # used > width: the first row opens a packed row
+    for k, (seq, keep) in enumerate(zip(seqs, lcps)):
         n = len(seq)
         if n == 0:
             continue
@@ -107,35 +109,29 @@ def _count_rows(seqs, lcps, width: int) -> int:
             raise ValueError(f"pack_tree: a row of {n} tokens does not fit a packed row of width {width}")
         if used + n - keep > width:
             rows, used, keep = rows + 1, 0, 0
+        yield k, rows, used, keep
         used += n - keep
-    return rows
 
 
 def _pack_block(seqs: Sequence[np.ndarray], lcps: Sequence[int], width: int, window: int):
     """One block's rows (token arrays in sorted order, with `_blocks`' common prefixes) packed into
-    rows of `width` slots.
+    rows of `width` slots by `_placements`.
 
     Returns (packed rows as (tokens, depth) pairs, [n, window + 1] flat slots of each row's last
     window + 1 tokens, -1 where the row has no token)."""
     packed: list[tuple[list[np.ndarray], list[np.ndarray]]] = []
     slots = np.full((len(seqs), window + 1), -1, np.int64)
-    prev_path, used = None, width + 1  # used > width: the first row opens a packed row
-    for k, (seq, keep) in enumerate(zip(seqs, lcps)):
-        n = len(seq)
-        if n == 0:
-            continue
-        if n > width:
-            raise ValueError(f"pack_tree: a row of {n} tokens does not fit a packed row of width {width}")
-        if used + n - keep > width:  # open a new packed row; this row is written in full
+    prev_path = None
+    for k, row, used, keep in _placements(seqs, lcps, width):
+        seq, n = seqs[k], len(seqs[k])
+        if row == len(packed):
             packed.append(([], []))
-            prev_path, used, keep = None, 0, 0
         new = np.arange(used, used + n - keep)
         path = new if keep == 0 else np.concatenate([prev_path[:keep], new])
         packed[-1][0].append(seq[keep:])
         packed[-1][1].append(np.arange(keep, n))
-        used += n - keep
         take = min(n, window + 1)
-        slots[k, -take:] = (len(packed) - 1) * width + path[n - take:]
+        slots[k, -take:] = row * width + path[n - take:]
         prev_path = path
     return packed, slots
 
@@ -171,14 +167,9 @@ def pack_tree(tokens: np.ndarray, mask: np.ndarray, width: int, window: int, blo
 
 
 def row_bucket(n: int) -> int:
-    """Packed rows per block: the next of 1, 2, 3, 4, 6, 8, 12, ... (two sizes per octave: at most
-    a third padding, about twice the programs of powers of two)."""
-    b = 1
-    while True:
-        for size in (b, b + b // 2):
-            if size >= n:
-                return size
-        b *= 2
+    """Packed rows per block: the next of 1, 2, 3, 4, 6, 8, 12, ... (`length_buckets`' two sizes
+    per octave: at most a third padding, about twice the programs of powers of two)."""
+    return smallest_bucket(n, length_buckets(n, smallest=1))
 
 
 def plan_tree(tokens: np.ndarray, mask: np.ndarray, widths: Sequence[int], window: int, blocks: int,
@@ -194,9 +185,9 @@ def plan_tree(tokens: np.ndarray, mask: np.ndarray, widths: Sequence[int], windo
     parts = _blocks(tokens, mask, blocks)
 
     def cost(width: int) -> float:
-        rows = blocks * row_bucket(max(1, max(_count_rows(seqs, lcps, width) for seqs, lcps in parts)))
-        work = dense(rows, width, 0)
-        return work["tokens"] + pair * work["pairs"]
+        used = max(1 + max((row for _, row, _, _ in _placements(seqs, lcps, width)), default=0)
+                   for seqs, lcps in parts)
+        return plan_cost(dense(blocks * row_bucket(used), width, 0), pair)
 
     best = min(fits, key=cost)
     return pack_tree(tokens, mask, best, window, blocks, bucket=row_bucket, parts=parts)

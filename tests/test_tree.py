@@ -19,18 +19,14 @@ from strata_jax import train as T
 from strata_jax.cost import Work, batch_work
 from strata_jax.models.config import ModelConfig
 from strata_jax.models.tiny import init_params
+from strata_jax.sampling import _left_pad
 from strata_jax.tree import TreeBatch, pack_tree, plan_tree, plan_tree_rows, row_bucket, subtree_ends
 from tests.test_train import FAST, TINY, tiny_model
 from tests.test_train_shared_prefix import INIT, VOCAB, _rows, check_same_step, one_device_step
 
 
 def _left(rows, length):
-    tokens = np.zeros((len(rows), length), np.int32)
-    mask = np.zeros((len(rows), length), bool)
-    for s, r in enumerate(rows):
-        if r:
-            tokens[s, -len(r):], mask[s, -len(r):] = r, True
-    return tokens, mask
+    return _left_pad(rows, len(rows), length, 0)  # left-padded [S, L] tokens and mask
 
 
 def test_pack_tree_by_hand():
