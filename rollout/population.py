@@ -264,9 +264,10 @@ class Population:
         return adv, compute_diagnostics(traj, adv)
 
     def _build_step(self):
-        """The vmapped update. It runs unshared: `train.shared_prefix` packs each copy's rows
-        differently (prefix count and lengths), so the copies' SharedBatches could not be stacked;
-        the copies' scoring shares (score_batch). Same update up to float rounding either way."""
+        """The vmapped update. It runs unshared: `train.shared_prefix` and `train.prefix_tree_update`
+        pack each copy's rows differently (prefix counts, lengths, packed rows), so the copies'
+        packed batches could not be stacked; the copies' scoring shares (score_batch, with
+        `train.prefix_tree` as trees). Same update up to float rounding either way."""
         c, run = self.config, self.run
         t = c.train
         step_fn = train_step_fn(run.graphdef, run.optimizer, loss_config(loss_dict(t)), run.mesh,
