@@ -9,17 +9,23 @@ with the ratio (goal: >= 2x at batch 32) and our prefill / decode-step split.
     python bench/sampler.py                # 1 core each (the goal's setting)
     python bench/sampler.py --cores 2      # both on 2 cores (torch 2 threads, XLA its own pools)
 
-GPU (--gpu): a 0.5B-shaped random Qwen2 (Qwen2.5-0.5B config, no download) in bf16 with a bf16
-KV cache, batch 256, prompt 128, 128 new tokens. Prints prefill time, decode tokens/s, and the
-decode step's share of the HBM roofline: (bytes of weights + bytes of the valid KV read per step)
-/ 4.8 TB/s. --smoke shrinks the model so the same path runs on a CPU in seconds.
+GPU (--gpu): a random Qwen2 of a published shape (--model, default Qwen2.5-0.5B; no download,
+initialised on the device) with bf16 compute and a bf16 KV cache, batch 256, prompt 128, 128 new
+tokens. Prints prefill time, decode tokens/s, and the decode step's share of the HBM roofline:
+(bytes of the weights as the loop reads them, in bf16, + bytes of the valid KV read per step) /
+4.8 TB/s. --param-dtype float32 gives it float32 master weights, as the trainer's rollouts have
+(the decode casts them once, strata_jax.models.qwen2.prepare_decode); --no-fuse decodes with the
+model's separate q / k / v and gate / up kernels. --smoke shrinks the model so the same path runs
+on a CPU in seconds.
 
-    python bench/sampler.py --gpu [--smoke] [--batch B] [--vocab V] [--layers L]
+    python bench/sampler.py --gpu [--smoke] [--model qwen2.5-7b] [--batch B] [--vocab V] [--layers L]
+                            [--param-dtype float32] [--no-fuse]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -34,6 +40,9 @@ ARGS.add_argument("--vocab", type=int, default=None,
 ARGS.add_argument("--profile", default="", help="--gpu: write a jax.profiler trace of one prefill + decode here")
 ARGS.add_argument("--layers", type=int, default=None,
                   help="--gpu: layers instead of the model's (places the per-layer share by difference)")
+ARGS.add_argument("--model", default="qwen2.5-0.5b", help="--gpu: a shape of strata_jax.cost.MODELS")
+ARGS.add_argument("--param-dtype", default="bfloat16", help="--gpu: the weights' dtype (float32: master weights)")
+ARGS.add_argument("--no-fuse", action="store_true", help="decode without fused q/k/v and gate/up kernels")
 ARGS.add_argument("--batches", default="8,32,128", help="CPU mode: batch sizes")
 ARGS.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is reported)")
 ARGS.add_argument("--cores", type=int, default=1, help="CPU mode: cores the process is pinned to (torch threads)")
@@ -56,14 +65,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from strata_jax.cost import MODELS  # noqa: E402
 from strata_jax.sampling import Sampler, SamplerConfig, SamplingParams  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200
-QWEN_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
-                tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768)
-SMOKE = dict(QWEN_05B, vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+# --gpu --smoke: the same code path on tiny shapes, for a CPU.
+SMOKE = dataclasses.replace(MODELS["qwen2.5-0.5b"], vocab_size=1024, hidden_size=64, intermediate_size=128,
+                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 
 
 def _best(fn, repeats: int) -> float:
@@ -110,7 +118,7 @@ def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats:
         (graphdef, params), cfg = load_hf_model(path, split=True)
     torch.set_num_threads(cores)  # the reference runs on every core the JAX sampler gets
     sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
-                                              batch_buckets=tuple(batches), pad_id=0))
+                                              batch_buckets=tuple(batches), pad_id=0, fuse_decode=not OPTS.no_fuse))
     sp = SamplingParams(temperature=1.0)
     sampler.generate(params, _prompts(batches[0], prompt_len, cfg.vocab_size), sp, jax.random.key(0))  # XLA up
     cpus = sorted(os.sched_getaffinity(0))
@@ -160,19 +168,27 @@ def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, 
 
 
 def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | None = None,
-              layers: int | None = None, profile: str = "") -> None:
-    from strata_jax.models.config import ModelConfig
+              layers: int | None = None, profile: str = "", model: str = "qwen2.5-0.5b",
+              param_dtype: str = "bfloat16", fuse: bool = True) -> None:
     from strata_jax.models.qwen2 import Decoder
 
-    hf_cfg, default_batch, prompt_len, new = (SMOKE, 8, 16, 8) if smoke else (QWEN_05B, 256, 128, 128)
+    if model not in MODELS:
+        ARGS.error(f"--model {model!r}: not one of {sorted(MODELS)}")
+    spec = SMOKE if smoke else MODELS[model]
+    default_batch, prompt_len, new = (8, 16, 8) if smoke else (256, 128, 128)
     batch = batch or default_batch
-    hf_cfg = dict(hf_cfg, vocab_size=vocab or hf_cfg["vocab_size"],
-                  num_hidden_layers=layers or hf_cfg["num_hidden_layers"])
-    cfg = ModelConfig.from_hf(hf_cfg, dtype="bfloat16", param_dtype="bfloat16")
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    cfg = dataclasses.replace(spec, vocab_size=vocab or spec.vocab_size, num_layers=layers or spec.num_layers,
+                              dtype="bfloat16", param_dtype=param_dtype)
+    # Initialised on the device by one jitted program: a 7B model's weights never pass the host.
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    params = jax.jit(lambda: nnx.state(Decoder(cfg, rngs=nnx.Rngs(0))))()
+    # What the decode loop reads per step: every weight once, in the compute dtype (bf16), except
+    # an untied embedding table, of which it gathers only the batch's rows.
+    weight_bytes = 2 * (sum(x.size for x in jax.tree.leaves(params))
+                        - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size))
     sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
-                                              batch_buckets=(batch,), cache_dtype="bfloat16", pad_id=0))
+                                              batch_buckets=(batch,), cache_dtype="bfloat16", pad_id=0,
+                                              fuse_decode=fuse))
     prompts = _prompts(batch, prompt_len, cfg.vocab_size)
     tokens, consts, key, _ = sampler._prepare(prompts, SamplingParams(temperature=1.0), 0, None)
 
@@ -205,8 +221,9 @@ def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | 
     roofline_s = (weight_bytes + kv_bytes) / HBM_BYTES_PER_S
     step_s = t_decode / steps
     name = "smoke (CPU)" if smoke else jax.devices()[0].device_kind
-    print(f"model: qwen2 {'smoke' if smoke else '0.5B-shaped'} L={cfg.num_layers} D={cfg.hidden_size} "
-          f"V={cfg.vocab_size}, {weight_bytes / 1e6:.1f} MB bf16 weights; batch {batch}, prompt {prompt_len}, "
+    print(f"model: {'smoke' if smoke else model}-shaped qwen2 L={cfg.num_layers} D={cfg.hidden_size} "
+          f"V={cfg.vocab_size}, {weight_bytes / 1e6:.1f} MB of bf16 weights ({param_dtype} params, "
+          f"{'fused' if fuse else 'unfused'} decode); batch {batch}, prompt {prompt_len}, "
           f"{new} new; device {name}; compile {compile_s:.1f} s; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"sampler gpu prefill: {t_prefill * 1e3:.2f} ms for {batch}x{prompt_len} tokens "
           f"({batch * prompt_len / t_prefill:.0f} tok/s)")
@@ -217,6 +234,7 @@ def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | 
 
 if __name__ == "__main__":
     if OPTS.gpu:
-        bench_gpu(OPTS.smoke, OPTS.repeats, OPTS.batch, OPTS.vocab, OPTS.layers, OPTS.profile)
+        bench_gpu(OPTS.smoke, OPTS.repeats, OPTS.batch, OPTS.vocab, OPTS.layers, OPTS.profile, OPTS.model,
+                  OPTS.param_dtype, not OPTS.no_fuse)
     else:
         bench_cpu([int(b) for b in OPTS.batches.split(",")], repeats=OPTS.repeats, cores=OPTS.cores)

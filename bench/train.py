@@ -24,11 +24,12 @@ Prints the tokens through the model and the seconds per step of each, and checks
 
     python bench/train.py --shared-prefix [--batch 64] [--groups 8] [--per-group 16] [--iters 10]
 
---gpu: model-FLOPs utilisation of a Qwen2-0.5B-shaped model (random init in memory, no download),
-bf16 compute, fp32 master params, on all local devices:  MFU = 6 * params * tokens/s / peak,
-peak = 989e12 (H200 dense bf16) per device.
+--gpu: model-FLOPs utilisation of a random Qwen2 of a published shape (--model, default
+Qwen2.5-0.5B; initialised on the devices, no download), bf16 compute, fp32 master params, on all
+local devices:  MFU = 6 * params * tokens/s / peak, peak = 989e12 (H200 dense bf16) per device.
 
-    python bench/train.py --gpu [--batch 16] [--length 2048] [--iters 10] [--no-remat] [--attention cudnn]
+    python bench/train.py --gpu [--model qwen2.5-1.5b] [--batch 16] [--length 2048] [--iters 10]
+                                [--no-remat] [--attention cudnn]
     python bench/train.py --gpu --smoke      # tiny shape, runs on the CPU: checks the code path
 """
 
@@ -55,6 +56,7 @@ if not GPU:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
@@ -66,16 +68,15 @@ from flax import nnx  # noqa: E402
 from strata_jax import sharding as sh  # noqa: E402
 from strata_jax import train as T  # noqa: E402
 from strata_jax.batch import TokenBatch  # noqa: E402
+from strata_jax.cost import MODELS  # noqa: E402
 from strata_jax.loss import LossConfig  # noqa: E402
 from strata_jax.models.config import ModelConfig  # noqa: E402
 from strata_jax.models.qwen2 import Decoder  # noqa: E402
 
 H200_BF16_PEAK = 989e12
-QWEN2_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                 num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                 rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
-SMOKE = dict(QWEN2_05B, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2)
+# --gpu --smoke: the same code path on tiny shapes, for a CPU.
+SMOKE = dataclasses.replace(MODELS["qwen2.5-0.5b"], vocab_size=256, hidden_size=64, intermediate_size=128,
+                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 
 
 def make_batch(b: int, t: int, vocab: int, seed: int = 0) -> TokenBatch:
@@ -270,12 +271,12 @@ def bench_shared(args):
 
 
 def bench_gpu(args):
-    spec = SMOKE if args.smoke else QWEN2_05B
-    cfg = ModelConfig.from_hf(spec, dtype="bfloat16", param_dtype="float32", scan_layers=True,
+    spec = SMOKE if args.smoke else MODELS[args.model]
+    cfg = dataclasses.replace(spec, dtype="bfloat16", param_dtype="float32", scan_layers=True,
                               remat=not args.no_remat, attention=args.attention)
     mesh = sh.make_mesh({"fsdp": -1})
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
-    # random init on the devices, already sharded: the 0.5B fp32 params never exist on the host
+    # random init on the devices, already sharded: the fp32 params never exist on the host
     out_sh = sh.param_shardings(abstract, mesh, sh.DEFAULT_RULES)
     params = jax.jit(lambda: nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))[1], out_shardings=out_sh)()
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
@@ -291,7 +292,8 @@ def bench_gpu(args):
     mfu = 6 * n_params * tok_s / (H200_BF16_PEAK * n_dev)
     kind = jax.devices()[0].device_kind
     note = " (smoke: tiny shape, MFU meaningless)" if args.smoke else ""
-    print(f"train_step qwen2-0.5B-shape {n_params / 1e6:.1f}M params bf16 B={b} T={t} on {n_dev}x {kind}: "
+    print(f"train_step {'smoke' if args.smoke else args.model}-shaped qwen2 {n_params / 1e6:.1f}M params bf16 "
+          f"B={b} T={t} on {n_dev}x {kind}: "
           f"{'remat' if cfg.remat else 'no remat'}, attention {cfg.attention}: {tok_s:,.0f} tok/s, {sec * 1e3:.1f} ms/step, "
           f"MFU {100 * mfu:.1f}% of 989 TFLOP/s{note}")
 
@@ -301,7 +303,8 @@ def main():
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--length", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--gpu", action="store_true", help="MFU of a 0.5B-shaped model in bf16")
+    ap.add_argument("--gpu", action="store_true", help="MFU of a Qwen2.5-shaped model in bf16")
+    ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS), help="--gpu: the model's shape")
     ap.add_argument("--smoke", action="store_true", help="with --gpu: tiny shape on any backend")
     ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-prob head")
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")

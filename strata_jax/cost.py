@@ -148,12 +148,14 @@ H200 = Hardware("8 x H200", peak_flops=989e12, hbm_bytes_per_s=4.8e12)
 
 def _qwen2(vocab, d, f, layers, heads, kv, tied):
     return ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=d, intermediate_size=f, num_layers=layers,
-                       num_heads=heads, num_kv_heads=kv, head_dim=d // heads, qkv_bias=True,
+                       num_heads=heads, num_kv_heads=kv, head_dim=d // heads, qkv_bias=True, rope_theta=1e6,
                        tie_word_embeddings=tied, dtype="bfloat16", param_dtype="bfloat16")
 
 
-# The published shapes of the models the papers train (their config.json), for `seconds`.
+# The published shapes of the models the papers train (their config.json), for `seconds`, and of
+# the smallest one, which the GPU benches (bench/sampler.py, bench/train.py --gpu) also build.
 MODELS = {
+    "qwen2.5-0.5b": _qwen2(151936, 896, 4864, 24, 14, 2, True),
     "qwen2.5-1.5b": _qwen2(151936, 1536, 8960, 28, 12, 2, True),
     "qwen2.5-7b": _qwen2(152064, 3584, 18944, 28, 28, 4, False),
 }

@@ -50,7 +50,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from strata_jax import cost, sharding
 from strata_jax.models.heads import token_logprobs
-from strata_jax.models.qwen2 import positions_from_mask
+from strata_jax.models.qwen2 import positions_from_mask, prepare_decode
 from strata_jax.batch import smallest_bucket
 from strata_jax.prefix import plan_prefixes
 
@@ -86,6 +86,7 @@ class SamplerConfig:
     prefix_buckets: tuple[int, ...] = ()  # prefix lengths Tpre; empty: powers of two and the prompt buckets
     min_shared_prefix: int = 16  # shorter common prefixes are not worth a copy of their keys and values
     min_prefix_saving: float = 0.2  # share only when the padded prefill shrinks by this fraction
+    fuse_decode: bool = True  # decode with fused q/k/v and gate/up kernels (qwen2.prepare_decode)
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_prompt_len", "max_batch", "max_stop_sequences",
@@ -175,8 +176,8 @@ def truncation_mask_sorted(sorted_logits: jax.Array, top_k: jax.Array, top_p: ja
 def argmax_last(x: jax.Array) -> jax.Array:
     """jnp.argmax(x, axis=-1) for [B, V] (the first index of the maximum) as two plain reductions,
     max then min-index. XLA-CPU runs argmax's (value, index) pair reduction as a slow scalar loop:
-    at the bench's batch 32, V = 512 the two argmaxes of a decode step (greedy and Gumbel) took
-    ~1 ms of a 3.6 ms step (bench/sampler.py, docs/BENCHMARKS.md)."""
+    at the bench's batch 32, V = 512 the two argmaxes of a decode step (greedy and the Gumbel-max
+    draw the sampler used then) took ~1 ms of a 3.6 ms step (bench/sampler.py, docs/BENCHMARKS.md)."""
     v = x.shape[-1]
     top = jnp.max(x, axis=-1, keepdims=True)
     iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
@@ -184,15 +185,59 @@ def argmax_last(x: jax.Array) -> jax.Array:
     return jnp.minimum(jnp.min(jnp.where(x == top, iota, v), axis=-1), v - 1)
 
 
-def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
-    """jax.random.categorical(key, logits, axis=-1) for [B, V] (the same Gumbel noise, so the same
-    draws) with argmax_last in place of jnp.argmax. Returns [B] int32."""
-    return argmax_last(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
+def draw_chunk(v: int) -> int:
+    """Chunk width of `draw` for a vocabulary of v: the power of two at or above sqrt(v), so that
+    both levels are short (152k tokens: 297 chunks of 512)."""
+    c = 1
+    while c * c < v:
+        c *= 2
+    return min(c, v)
+
+
+def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
+    """weights [B, n] >= 0, u [B] in (0, 1] -> [B] int32: the first i with cumsum(w)[i] >= u * sum(w).
+
+    Such an i has weight > 0 (the cumsum rises there), so a zero-weight entry is never chosen; when
+    rounding puts u * sum above the last cumsum, the last positive entry is taken."""
+    n = weights.shape[-1]
+    cum = jnp.cumsum(weights, axis=-1)
+    target = u * cum[:, -1]
+    idx = jnp.sum(cum < target[:, None], axis=-1, dtype=jnp.int32)
+    last = jnp.max(jnp.where(weights > 0, jax.lax.broadcasted_iota(jnp.int32, weights.shape, 1), 0), axis=-1)
+    return jnp.minimum(idx, last)
+
+
+def draw_with_uniforms(logits: jax.Array, u: jax.Array) -> jax.Array:
+    """One token per row from softmax(logits) [B, V] f32 (-inf: excluded), by inverting the CDF
+    with two uniforms u [2, B] in (0, 1]. Returns [B] int32.
+
+    Two levels, so that nothing runs over the vocabulary but one exp and one sum: the
+    probabilities are summed in chunks of `draw_chunk(V)` tokens, u[0] picks a chunk by its sum,
+    u[1] picks a token inside it. P(token) = P(chunk) * P(token | chunk) = softmax(logits)[token].
+    Gumbel-max (`jax.random.categorical`) draws the same distribution, but needs a random number
+    and two logs per vocabulary entry: 72 against 17 ms per step at batch 32 and 152k tokens on
+    the CPU (docs/BENCHMARKS.md, "Sampler").
+    """
+    b, v = logits.shape
+    c = draw_chunk(v)
+    n = -(-v // c)
+    x = jnp.pad(logits, ((0, 0), (0, n * c - v)), constant_values=-jnp.inf)
+    top = jnp.max(x, axis=-1, keepdims=True)
+    p = jnp.exp(x - top).reshape(b, n, c)  # unnormalised, the largest 1
+    chunk = _inverse_cdf(jnp.sum(p, axis=-1), u[0])  # [B]
+    inside = jnp.take_along_axis(p, chunk[:, None, None], axis=1)[:, 0]  # [B, C]
+    return chunk * c + _inverse_cdf(inside, u[1])
+
+
+def draw(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """A sample from softmax(logits) per row of [B, V] (see draw_with_uniforms). Returns [B] int32."""
+    u = 1.0 - jax.random.uniform(key, (2, logits.shape[0]), jnp.float32)  # (0, 1]
+    return draw_with_uniforms(logits, u)
 
 
 def _sample_full(scaled, key, top_k, top_p):
     del top_k, top_p
-    return categorical(key, scaled)
+    return draw(key, scaled)
 
 
 def _sample_truncated(scaled, key, top_k, top_p):
@@ -202,7 +247,7 @@ def _sample_truncated(scaled, key, top_k, top_p):
     neg_sorted, order = jax.lax.sort((-scaled, iota), dimension=1, num_keys=1)
     sorted_logits = -neg_sorted
     keep = truncation_mask_sorted(sorted_logits, top_k, top_p)
-    rank = categorical(key, jnp.where(keep, sorted_logits, -jnp.inf))
+    rank = draw(key, jnp.where(keep, sorted_logits, -jnp.inf))
     return jnp.take_along_axis(order, rank[:, None], axis=1)[:, 0].astype(jnp.int32)
 
 
@@ -275,7 +320,8 @@ def _record(s: _State, tok: jax.Array, logits: jax.Array, c: _Consts) -> _State:
     """Write token number `s.lengths` for rows still running; update stop state."""
     active = ~s.done  # [B]
     n = s.tokens.shape[1]
-    lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=1)[:, 0]
+    # logits[tok] - logsumexp: no [B, V] log-softmax written out.
+    lp = jnp.take_along_axis(logits, tok[:, None], axis=1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
     # One-hot column write (not .at[i]): rows are at their own length, and no clamping surprises.
     col = (jnp.arange(n)[None, :] == s.lengths[:, None]) & active[:, None]  # [B, N]
     tokens = jnp.where(col, tok[:, None], s.tokens)
@@ -459,7 +505,8 @@ class Sampler:
     def _decode_impl(self, params, state: _State, c: _Consts) -> _State:
         self.traces["decode"] += 1
         cfg = self.config
-        model = nnx.merge(self.graphdef, params)
+        # Weights cast to the compute dtype and fused once, before the loop reads them every step.
+        model = prepare_decode(nnx.merge(self.graphdef, params), fuse=cfg.fuse_decode)
         kernel = model.unembed_kernel()
         b, n = state.tokens.shape
         tp = c.prompt_mask.shape[1]

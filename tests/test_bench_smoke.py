@@ -21,7 +21,9 @@ def test_gpu_script_smoke_runs_every_headline_part():
     assert out.returncode == 0, text[-3000:]
     assert "FAILED" not in text, text[-3000:]
     assert re.search(r"sampler gpu decode: \d+ tok/s, [\d.]+ ms/step; .*% of roofline", text), text[-3000:]
-    assert re.search(r"train_step qwen2-0.5B-shape .* remat, attention einsum: [\d,]+ tok/s", text), text[-3000:]
+    assert len(re.findall(r"sampler gpu decode: \d+ tok/s", text)) == 2, text[-3000:]  # fused, then unfused
+    assert "float32 params, unfused decode" in text, text[-3000:]
+    assert re.search(r"train_step smoke-shaped qwen2 .* remat, attention einsum: [\d,]+ tok/s", text), text[-3000:]
 
 
 def test_gpu_script_learning_smoke_runs_both_learning_rates():

@@ -29,10 +29,11 @@ def _model_config(d=32, f=48, layers=2, heads=4, kv=2, vocab=VOCAB):
                                     tie_word_embeddings=False, rope_theta=1e4, max_position_embeddings=512))
 
 
-@pytest.mark.parametrize("name,non_embedding", [("qwen2.5-7b", 6.53e9), ("qwen2.5-1.5b", 1.31e9)])
+@pytest.mark.parametrize("name,non_embedding", [("qwen2.5-7b", 6.53e9), ("qwen2.5-1.5b", 1.31e9),
+                                                ("qwen2.5-0.5b", 0.36e9)])
 def test_layer_flops_are_twice_the_published_non_embedding_parameters(name, non_embedding):
-    """Qwen2.5's model cards: 6.53B and 1.31B non-embedding parameters (matrices, plus biases and
-    norms that are under 0.1%)."""
+    """Qwen2.5's model cards: 6.53B, 1.31B and 0.36B non-embedding parameters (matrices, plus biases
+    and norms that are under 0.1%)."""
     assert cost.layer_flops(cost.MODELS[name]) / 2 == pytest.approx(non_embedding, rel=0.01)
 
 

@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from strata_jax import sharding  # noqa: E402
 from strata_jax.models.hf import load_hf_model  # noqa: E402
 from strata_jax.models.config import ConfigError, ModelConfig, UnsupportedArchitectureError  # noqa: E402
-from strata_jax.models.qwen2 import Decoder, param_logical_axes, rope_inv_freq  # noqa: E402
+from strata_jax.models.qwen2 import Decoder, param_logical_axes, prepare_decode, rope_inv_freq  # noqa: E402
 
 VOCAB = 97
 BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -138,8 +138,9 @@ def test_bf16_logits_within_bound(hf_models, name):
 # KV cache
 
 
-def _decode_logits(model, tokens, pos, mask, prefill_len, chunk, capacity):
-    """Prefill `prefill_len` tokens into a cache, then feed the rest `chunk` tokens at a time."""
+def _decode_logits(model, tokens, pos, mask, prefill_len, chunk, capacity, head=None):
+    """Prefill `prefill_len` tokens into a cache, then feed the rest `chunk` tokens at a time.
+    head(model, hidden) -> logits; default model.logits (f32)."""
     b, t = tokens.shape
     cache = model.init_cache(b, capacity)
     cache_mask = np.zeros((b, capacity), bool)
@@ -151,7 +152,7 @@ def _decode_logits(model, tokens, pos, mask, prefill_len, chunk, capacity):
         cache_mask[:, s:e] = mask[:, s:e]
         hidden, cache = step(model, jnp.asarray(tokens[:, s:e]), jnp.asarray(pos[:, s:e]),
                              jnp.asarray(cache_mask), cache, jnp.int32(s))
-        out.append(np.asarray(model.logits(hidden)))
+        out.append(np.asarray(model.logits(hidden) if head is None else head(model, hidden)))
     return np.concatenate(out, axis=1), cache
 
 
@@ -169,6 +170,51 @@ def test_cached_decode_equals_full_forward(hf_models, name, scan, chunk):
     assert np.abs(dec - full)[mask].max() <= 1e-4
     # Slots past the last written one stay untouched (zero).
     assert not np.asarray(cache.stacked()[0][:, :, :, 20:]).any()
+
+
+@pytest.mark.parametrize("name,scan", [("qwen2_tied_gqa2_theta1e6", False), ("qwen2_gqa4", True),
+                                       ("llama_odd_hidden_gqa3", False), ("llama3_rope_scaling", True)])
+def test_prepared_decode_matches_transformers(hf_models, name, scan):
+    """prepare_decode's fused q/k/v (GQA 1-4, with and without biases) and gate/up kernels, unrolled
+    and stacked: a token-by-token decode gives transformers' logits, as the plain model does."""
+    path, ref = hf_models[name]
+    tokens, pos, mask = _batch(seed=2)
+    theirs = _ref_logits(ref, tokens, pos, mask)
+    for fuse in (False, True):
+        model, cfg = load_hf_model(path, scan_layers=scan)
+        prepare_decode(model, fuse=fuse)
+        attn = (model.layers if scan else model.layers[0]).self_attn
+        assert (getattr(attn, "qkv", None) is not None) == fuse
+        if fuse:  # [(L,) D, K, G + 2, Dh]
+            g = cfg.num_heads // cfg.num_kv_heads
+            assert attn.qkv[...].shape[-4:] == (cfg.hidden_size, cfg.num_kv_heads, g + 2, cfg.head_dim)
+        dec, _ = _decode_logits(model, tokens, pos, mask, prefill_len=9, chunk=1, capacity=24)
+        assert np.abs(dec - theirs)[mask].max() <= 1e-4, (fuse, np.abs(dec - theirs)[mask].max())
+
+
+def test_prepared_decode_casts_master_weights_once(hf_models):
+    """f32 master weights, bf16 compute: prepare_decode leaves every Param in bf16 and the decode's
+    logits as they were (every use casts to the compute dtype first; the head as the sampler's,
+    the bf16 kernel accumulated in f32)."""
+    path, _ = hf_models["qwen2_untied_gqa1_theta1e4"]
+    tokens, pos, mask = _batch(seed=3)
+    plain, _ = load_hf_model(path, dtype="bfloat16", param_dtype="float32")
+
+    def head(model, hidden):
+        return jnp.einsum("btd,dv->btv", hidden, model.unembed_kernel().astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+
+    want, _ = _decode_logits(plain, tokens, pos, mask, prefill_len=9, chunk=1, capacity=24, head=head)
+    for fuse in (False, True):
+        model, _ = load_hf_model(path, dtype="bfloat16", param_dtype="float32")
+        prepare_decode(model, fuse=fuse)
+        dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
+        assert dtypes == {jnp.dtype(jnp.bfloat16)}, dtypes
+        got, _ = _decode_logits(model, tokens, pos, mask, prefill_len=9, chunk=1, capacity=24, head=head)
+        if not fuse:
+            np.testing.assert_array_equal(got[mask], want[mask])
+        else:  # the fused matmuls may sum in another order: bf16 rounding apart, no more
+            assert np.abs(got - want)[mask].max() <= BF16_REL_BOUND * np.abs(want).max()
 
 
 @pytest.mark.parametrize("scan", [False, True])

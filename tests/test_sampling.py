@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from strata_jax.sampling import (
-    FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig, argmax_last, categorical, pick_bucket,
-    power_of_two_buckets, sample_tokens, stop_sequence_hit,
+    FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig, argmax_last, draw, draw_chunk, draw_with_uniforms,
+    pick_bucket, power_of_two_buckets, sample_tokens, stop_sequence_hit,
 )
 
 
@@ -118,18 +118,51 @@ def test_same_key_same_tokens():
     assert not np.array_equal(a, c)
 
 
-def test_argmax_and_categorical_equal_jax():
-    """The two-reduction argmax (first maximum on ties, -inf rows) and the categorical built on it
-    draw exactly what jnp.argmax / jax.random.categorical draw."""
+def test_argmax_last_equals_jnp_argmax():
+    """The two-reduction argmax: the first maximum on ties, and -inf rows, as jnp.argmax."""
     x = np.random.default_rng(3).normal(size=(64, 300)).astype(np.float32)
     x[1, [5, 9]] = 10.0  # a tie: the first index wins
     x[2] = -np.inf
     x[3, :7] = -np.inf
     np.testing.assert_array_equal(np.asarray(argmax_last(jnp.asarray(x))), np.argmax(x, -1))
-    for seed in range(3):
-        key = jax.random.key(seed)
-        np.testing.assert_array_equal(np.asarray(categorical(key, jnp.asarray(x))),
-                                      np.asarray(jax.random.categorical(key, jnp.asarray(x), axis=-1)))
+
+
+def test_draw_inverts_the_cdf_by_hand():
+    """Two levels by hand: V = 10 -> chunks of 4 (draw_chunk), [4, 4, 2 + 2 padding]."""
+    assert [draw_chunk(v) for v in (1, 2, 10, 16, 17, 151_936)] == [1, 2, 4, 4, 8, 512]
+    p = np.array([0.1, 0.0, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0, 0.3, 0.3])  # chunk sums 0.4, 0.0, 0.6
+    logits = jnp.asarray(np.log(np.where(p > 0, p, 1e-45))[None].repeat(6, 0), jnp.float32)
+    logits = logits.at[:, [1, 4, 5, 6, 7]].set(-jnp.inf)
+    # u[0] picks the chunk by its share of the mass, u[1] the token by its share of the chunk's.
+    u = jnp.asarray([[0.2, 0.39, 0.41, 0.99, 1.0, 0.3],
+                     [0.2, 1.0, 0.5, 0.5, 1.0, 0.75]], jnp.float32)
+    # row 0: chunk 0 (0.2 <= 0.4), 0.2 of [0.1, 0, 0.2, 0.1] -> cum [.1 .1 .3 .4] >= .08 -> token 0
+    # row 1: chunk 0 (0.39), u 1.0 -> the chunk's last positive token, 3
+    # row 2: chunk 2 (0.41 > 0.4; chunk 1 has no mass), 0.5 of [0.3, 0.3] -> token 8
+    # row 3: chunk 2, token 8; row 4: u = 1 twice -> the last token, 9
+    # row 5: chunk 0, 0.75 of 0.4 = 0.3 -> cum [.1 .1 .3 .4] first >= .3 -> token 2
+    np.testing.assert_array_equal(np.asarray(draw_with_uniforms(logits, u)), [0, 3, 8, 8, 9, 2])
+
+
+@pytest.mark.parametrize("v", [7, 300, 5000])
+def test_draw_frequencies_match_softmax(v):
+    """draw against numpy's softmax over one or many chunks, -inf entries never drawn."""
+    rng = np.random.default_rng(v)
+    logits = rng.normal(size=v).astype(np.float32) * 1.5
+    logits[rng.choice(v, size=v // 3, replace=False)] = -np.inf
+    logits[np.argsort(-logits)[:6]] += 4.0  # a few likely tokens: the chi-square gets counts to test
+    n = 40_000
+    toks = np.asarray(jax.jit(draw)(jax.random.key(1), jnp.broadcast_to(jnp.asarray(logits), (n, v))))
+    counts = np.bincount(toks, minlength=v)
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    p /= p.sum()
+    assert np.all(counts[p == 0] == 0)
+    # Chi-square over the tokens expected at least 5 times, the rest pooled into one cell.
+    big = n * p >= 5
+    obs = np.append(counts[big], counts[~big & (p > 0)].sum())
+    exp = np.append(n * p[big], n * p[~big & (p > 0)].sum())
+    chi2 = float(((obs - exp) ** 2 / np.maximum(exp, 1e-12)).sum())
+    assert chi2 < _chi2_crit(len(obs) - 1), (chi2, len(obs))
 
 
 def test_stop_sequence_hit():
@@ -232,6 +265,11 @@ def test_greedy_matches_transformers_left_padded(tiny):
     np.testing.assert_array_equal(out.finish_reason, [e[1] for e in ends])
     assert FINISH_EOS in out.finish_reason and FINISH_LENGTH in out.finish_reason  # both paths exercised
     assert np.all(out.logprobs[out.tokens == 0] == 0) and np.all(out.logprobs[:, 0] < 0)
+    # The decode loop's fused kernels (the default) against the model's own: the same tokens.
+    plain = Sampler(tiny["graphdef"], dataclasses.replace(tiny["sampler"].config, fuse_decode=False))
+    unfused = plain.generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
+    np.testing.assert_array_equal(unfused.tokens, ref)
+    np.testing.assert_allclose(unfused.logprobs, out.logprobs, atol=1e-5)
 
 
 def test_stop_sequences_end_exactly_after_the_sequence(tiny):

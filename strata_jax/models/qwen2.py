@@ -183,13 +183,17 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         dtype = cfg.compute_dtype
-        if last_only:
-            q = apply_rope(self.q_proj(x[:, -1:]), cos[:, -1:], sin[:, -1:])  # [B, 1, H, Dh]
-            mask = mask[:, -1:]
+        if getattr(self, "qkv", None) is not None:  # prepare_decode's fused kernel: one matmul
+            q, k, v = self._fused_qkv(x)  # [B, T, H, Dh], [B, T, K, Dh] x 2
         else:
-            q = apply_rope(self.q_proj(x), cos, sin)  # [B, T, H, Dh]
-        k = apply_rope(self.k_proj(x), cos, sin).transpose(0, 2, 1, 3)  # [B, K, T, Dh]
-        v = self.v_proj(x).transpose(0, 2, 1, 3)  # [B, K, T, Dh]
+            q = self.q_proj(x[:, -1:] if last_only else x)  # [B, T or 1, H, Dh]
+            k, v = self.k_proj(x), self.v_proj(x)  # [B, T, K, Dh]
+        cos_q, sin_q = cos, sin
+        if last_only:  # queries for the last position only
+            q, cos_q, sin_q, mask = q[:, -1:], cos[:, -1:], sin[:, -1:], mask[:, -1:]
+        q = apply_rope(q, cos_q, sin_q)
+        k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)  # [B, K, T, Dh]
+        v = v.transpose(0, 2, 1, 3)  # [B, K, T, Dh]
         if ks is not None:
             ks = _write_layer(ks, k, layer, cache_index)
             vs = _write_layer(vs, v, layer, cache_index)
@@ -221,6 +225,18 @@ class Attention(nnx.Module):
         out = jnp.einsum("bktgs,bksd->bktgd", probs, v)  # [B, K, T, G, Dh]
         out = out.transpose(0, 2, 1, 3, 4).reshape(b, t, cfg.num_heads, dh)
         return self.o_proj(out), ks, vs
+
+
+    def _fused_qkv(self, x):
+        """q [B, T, H, Dh], k and v [B, T, K, Dh] from prepare_decode's [D, K, G + 2, Dh] kernel."""
+        cfg = self.cfg
+        b, t = x.shape[:2]
+        g = cfg.num_heads // cfg.num_kv_heads
+        y = linear(x.astype(cfg.compute_dtype), self.qkv[...], 1)  # [B, T, K, G + 2, Dh]
+        if self.qkv_bias is not None:
+            y = y + self.qkv_bias[...]
+        q = y[:, :, :, :g].reshape(b, t, cfg.num_heads, cfg.head_dim)  # head h = kv_head * G + g
+        return q, y[:, :, :, g], y[:, :, :, g + 1]
 
 
 def _is_static_zero(cache_index) -> bool:
@@ -257,6 +273,11 @@ class MLP(nnx.Module):
         self.down_proj = Dense((f,), (d,), ("mlp",), ("embed",), cfg.mlp_bias, cfg, rngs)
 
     def __call__(self, x):  # [B, T, D]
+        if getattr(self, "gate_up", None) is not None:  # prepare_decode's fused [D, 2, F] kernel
+            y = linear(x.astype(self.gate_proj.dtype), self.gate_up[...], 1)  # [B, T, 2, F]
+            if self.gate_up_bias is not None:
+                y = y + self.gate_up_bias[...]
+            return self.down_proj(jax.nn.silu(y[:, :, 0]) * y[:, :, 1])
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -476,6 +497,62 @@ class Decoder(nnx.Module):
         if ks is None:
             return x, None, None
         return x, tuple(new_ks), tuple(new_vs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode weights
+
+
+class DecodeWeight(nnx.Variable):
+    """A weight derived from the Params for decoding (prepare_decode): not trained, not saved."""
+
+
+def prepare_decode(model: Decoder, fuse: bool = True) -> Decoder:
+    """Ready a merged model for a decode loop, in place; call it inside jit, before the loop.
+
+    - Every floating Param is cast to the compute dtype, once. The layers cast their weights at
+      use; inside a `while_loop` XLA does not hoist those casts, so with float32 master weights
+      and bf16 compute every decode step read 4 bytes a weight and wrote 2 more (the decode HLO
+      showed the f32 kernels entering the loop). The values are the same: every use casts first.
+    - fuse: each layer's q / k / v kernels become one [D, K, G + 2, Dh] kernel (GQA's query heads
+      grouped under their kv head, then k and v) and gate / up one [D, 2, F] kernel, so a decode
+      step runs 4 matmuls a layer instead of 7. The kv-head axis stays where tensor parallelism
+      splits it. The separate kernels stay in the model for anything else.
+
+    Under scan_layers the stacked [L, ...] weights are fused the same way (the axes count from
+    the end). The copies cost one pass over the weights per call, against one read per step.
+    """
+    cfg = model.cfg
+    dtype = cfg.compute_dtype
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param):
+            value = var[...]
+            if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype != dtype:
+                var.set_value(value.astype(dtype))
+    if not fuse:
+        return model
+    blocks = [model.layers] if cfg.scan_layers else list(model.layers)
+    g = cfg.num_heads // cfg.num_kv_heads
+    for block in blocks:
+        attn, mlp = block.self_attn, block.mlp
+        q = attn.q_proj.kernel[...]  # [(L,) D, H, Dh]
+        lead = q.shape[:-2]
+        q = q.reshape(*lead, cfg.num_kv_heads, g, cfg.head_dim)
+        kv = [p.kernel[...][..., None, :] for p in (attn.k_proj, attn.v_proj)]  # [(L,) D, K, 1, Dh]
+        attn.qkv = DecodeWeight(jnp.concatenate([q, *kv], axis=-2))
+        qkv_bias = None  # (an attribute is data or static from its first assignment: set it once)
+        if attn.q_proj.bias is not None:
+            qb = attn.q_proj.bias[...]
+            qb = qb.reshape(*qb.shape[:-2], cfg.num_kv_heads, g, cfg.head_dim)
+            kvb = [p.bias[...][..., None, :] for p in (attn.k_proj, attn.v_proj)]
+            qkv_bias = DecodeWeight(jnp.concatenate([qb, *kvb], axis=-2))
+        attn.qkv_bias = qkv_bias
+        mlp.gate_up = DecodeWeight(jnp.stack([mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...]], axis=-2))
+        gate_up_bias = None
+        if mlp.gate_proj.bias is not None:
+            gate_up_bias = DecodeWeight(jnp.stack([mlp.gate_proj.bias[...], mlp.up_proj.bias[...]], axis=-2))
+        mlp.gate_up_bias = gate_up_bias
+    return model
 
 
 # Sharding under a mesh context. These constraints are active only under `jax.set_mesh(mesh)` (an
