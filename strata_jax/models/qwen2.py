@@ -226,7 +226,6 @@ class Attention(nnx.Module):
         out = out.transpose(0, 2, 1, 3, 4).reshape(b, t, cfg.num_heads, dh)
         return self.o_proj(out), ks, vs
 
-
     def _fused_qkv(self, x):
         """q [B, T, H, Dh], k and v [B, T, K, Dh] from prepare_decode's [D, K, G + 2, Dh] kernel."""
         cfg = self.cfg
