@@ -60,7 +60,11 @@ def test_algorithm_learns_the_doors(algo, warm_start, tmp_path):
     train(doors_config(algo, warm_start), tmp_path / "run")
     s = _success(tmp_path / "run")
     assert len(s) == ITERATIONS
-    assert s[0] <= 0.4, f"{algo}: the warm start should be weak, got training success {s}"
+    # The warm start wins 0.25 of its episodes (5 iterations at lr 0 average 0.25 for strata and
+    # 0.26 for grpo); one 64-episode batch has a standard deviation of 0.054, so 0.5 (4.6 sd) is a
+    # bound chance does not cross, and still far below the 0.8 it must reach. (0.4 was 2.8 sd:
+    # strata's first batch drew 26 wins, 0.406, after the sampler's draw changed in session 21.)
+    assert s[0] <= 0.5, f"{algo}: the warm start should be weak, got training success {s}"
     assert np.mean(s[-2:]) >= 0.8, f"{algo}: training success did not rise to 0.8: {s}"
 
 
