@@ -149,6 +149,11 @@ def base_config() -> mlc.ConfigDict:
     # trajectories of a strategy share) and copy its keys and values to the rows that start with it
     # (strata_jax/prefix.py); the samples are the unshared prefill's up to float rounding.
     s.shared_prefix = True
+    # Decode with each layer's q / k / v and gate / up kernels fused into one matmul each, on
+    # weights cast to the compute dtype once per call (strata_jax.models.qwen2.prepare_decode).
+    # The fused copy costs about 0.7x the layers' weights in the compute dtype while a call
+    # decodes; False keeps the model's own kernels (the samples agree up to float rounding).
+    s.fuse_decode = True
 
     # --- update (ALGORITHMS.md 5) -----------------------------------------------------------------
     t = c.train = mlc.ConfigDict()

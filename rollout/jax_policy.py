@@ -64,7 +64,7 @@ class JaxPolicy:
     def __init__(self, graphdef: Any, params: Any, tokenizer: Any, budgets: dict[str, int], *,
                  prompt_buckets: Sequence[int], batch_buckets: Sequence[int], temperature: float,
                  top_p: float = 1.0, top_k: int = 0, mesh=None, cache_dtype: str | None = None, shared_prefix: bool = False,
-                 seed: int = 0):
+                 fuse_decode: bool = True, seed: int = 0):
         self.params = params
         self.tokenizer = tokenizer
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -81,7 +81,7 @@ class JaxPolicy:
                                 prompt_buckets=tuple(prompt_buckets), max_batch=int(max(batch_buckets)),
                                 batch_buckets=tuple(batch_buckets), eos_ids=eos, pad_id=int(pad),
                                 cache_dtype=cache_dtype, return_embedding=(kind == "strategy"),
-                                shared_prefix=shared_prefix)
+                                shared_prefix=shared_prefix, fuse_decode=bool(fuse_decode))
             self.samplers[kind] = Sampler(graphdef, cfg, mesh=mesh)
         self.tokens_generated = 0
         self.sample_seconds = 0.0

@@ -69,7 +69,8 @@ class Run:
         self.policy = JaxPolicy(graphdef, self._policy_params(), self.tokenizer, budgets,
                                 prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
                                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
-                                cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix), seed=int(config.seed))
+                                cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix),
+                                fuse_decode=bool(s.fuse_decode), seed=int(config.seed))
         self.window = logprob_window(config)
         # The model work of the scoring and the update, counted from their padded shapes like the
         # samplers' (strata_jax/cost.py; bench/iteration.py models an iteration's time from them).

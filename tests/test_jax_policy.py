@@ -43,6 +43,23 @@ def test_strategy_calls_use_their_own_temperature(policy):
     policy.kind_sampling = {}
 
 
+def test_unfused_decode_writes_the_same_greedy_text(policy):
+    """`sampling.fuse_decode=False` reaches every call kind's sampler, and its greedy text is the
+    fused decode's (the default)."""
+    graphdef = policy.samplers["action"].graphdef
+    plain = JaxPolicy(graphdef, policy.params, policy.tokenizer, {"strategy": 12, "action": 12},
+                      prompt_buckets=(64,), batch_buckets=(8,), temperature=0.0, seed=0, fuse_decode=False)
+    assert all(s.config.fuse_decode for s in policy.samplers.values())
+    assert not any(s.config.fuse_decode for s in plain.samplers.values())
+    policy.kind_sampling, sampling = {}, policy.sampling
+    policy.sampling = SamplingParams(temperature=0.0)
+    try:
+        for kind in ("strategy", "action"):
+            assert _texts(plain, kind, 0) == _texts(policy, kind, 0)
+    finally:
+        policy.sampling = sampling
+
+
 def test_strategy_temperature_is_refused_without_strategies():
     c = with_algo_env(base_config(), "grpo", "household")
     c.sampling.strategy_temperature = 0.5
