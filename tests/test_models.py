@@ -397,35 +397,17 @@ def test_sharded_equals_single_device(hf_models, scan):
 
 def test_prepared_decode_sharded_equals_single_device(hf_models):
     """The fused kernels on an (fsdp 2, tensor 4) mesh where tensor splits the 8 query heads but not
-    the 2 kv heads (replicated): a decode step's logits as on one device."""
+    the 2 kv heads (replicated): a token-by-token decode's logits as on one device."""
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("fsdp", "tensor"))
     path, _ = hf_models["qwen2_gqa4"]
     tokens, pos, mask = _batch(seed=4)
     single, _ = load_hf_model(path)
     want, _ = _decode_logits(single, tokens, pos, mask, prefill_len=15, chunk=1, capacity=24)
-    (graphdef, params), _ = load_hf_model(path, mesh=mesh, rules=RULES, split=True)
-    b = tokens.shape[0]
-
-    @jax.jit
-    def step(p, cache, tok, ps, m, i):
-        model = prepare_decode(nnx.merge(graphdef, p))
-        hidden, cache = model(tok, ps, m, cache=cache, cache_index=i)
-        return model.logits(hidden), cache
-
-    model = nnx.merge(graphdef, params)
-    cache = model.init_cache(b, 24)
-    cache_mask = np.zeros((b, 24), bool)
-    cache_mask[:, :15] = mask[:, :15]
-    _, cache = nnx.jit(lambda m, *a: m(*a))(model, jnp.asarray(tokens[:, :15]), jnp.asarray(pos[:, :15]),
-                                           jnp.asarray(cache_mask), cache, 0)
-    got = []
-    for i in range(15, tokens.shape[1]):
-        cache_mask[:, i] = mask[:, i]
-        logits, cache = step(params, cache, jnp.asarray(tokens[:, i:i + 1]), jnp.asarray(pos[:, i:i + 1]),
-                             jnp.asarray(cache_mask), jnp.int32(i))
-        got.append(np.asarray(logits))
-    got = np.concatenate(got, axis=1)
-    assert np.abs(got - want[:, 15:])[mask[:, 15:]].max() <= 1e-5
+    sharded, _ = load_hf_model(path, mesh=mesh, rules=RULES)
+    prepare_decode(sharded)
+    assert not sharded.layers[0].self_attn.qkv[...].sharding.is_fully_replicated
+    got, _ = _decode_logits(sharded, tokens, pos, mask, prefill_len=15, chunk=1, capacity=24)
+    assert np.abs(got - want)[mask].max() <= 1e-5
 
 
 def _count_constraints(fn, *args) -> int:

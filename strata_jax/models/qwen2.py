@@ -126,11 +126,16 @@ class Dense(nnx.Module):
         self.bias = _param(jnp.zeros(out_shape, cfg.params_dtype), out_axes) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # linear: dot_general with a kernel gradient XLA:CPU runs without transposing dy.
-        y = linear(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.n_in)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
-        return y
+        return _dense(x, self.kernel, self.bias, self.dtype, self.n_in)
+
+
+def _dense(x, kernel, bias, dtype, n_in: int = 1) -> jax.Array:
+    """x @ kernel (+ bias) in `dtype`, kernel and bias Variables or None. linear: dot_general with
+    a kernel gradient XLA:CPU runs without transposing dy."""
+    y = linear(x.astype(dtype), kernel[...].astype(dtype), n_in)
+    if bias is not None:
+        y = y + bias[...].astype(dtype)
+    return y
 
 
 class RMSNorm(nnx.Module):
@@ -231,9 +236,7 @@ class Attention(nnx.Module):
         cfg = self.cfg
         b, t = x.shape[:2]
         g = cfg.num_heads // cfg.num_kv_heads
-        y = linear(x.astype(cfg.compute_dtype), self.qkv[...], 1)  # [B, T, K, G + 2, Dh]
-        if self.qkv_bias is not None:
-            y = y + self.qkv_bias[...]
+        y = _dense(x, self.qkv, self.qkv_bias, cfg.compute_dtype)  # [B, T, K, G + 2, Dh]
         q = y[:, :, :, :g].reshape(b, t, cfg.num_heads, cfg.head_dim)  # head h = kv_head * G + g
         return q, y[:, :, :, g], y[:, :, :, g + 1]
 
@@ -273,9 +276,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x):  # [B, T, D]
         if getattr(self, "gate_up", None) is not None:  # prepare_decode's fused [D, 2, F] kernel
-            y = linear(x.astype(self.gate_proj.dtype), self.gate_up[...], 1)  # [B, T, 2, F]
-            if self.gate_up_bias is not None:
-                y = y + self.gate_up_bias[...]
+            y = _dense(x, self.gate_up, self.gate_up_bias, self.gate_proj.dtype)  # [B, T, 2, F]
             return self.down_proj(jax.nn.silu(y[:, :, 0]) * y[:, :, 1])
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -531,27 +532,29 @@ def prepare_decode(model: Decoder, fuse: bool = True) -> Decoder:
     if not fuse:
         return model
     blocks = [model.layers] if cfg.scan_layers else list(model.layers)
-    g = cfg.num_heads // cfg.num_kv_heads
+    kv, g, dh = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+
+    def qkv(q, k, v):  # kernels [(L,) D, H | K, Dh] or biases [(L,) H | K, Dh] -> [..., K, G + 2, Dh]
+        return jnp.concatenate([q.reshape(*q.shape[:-2], kv, g, dh), k[..., None, :], v[..., None, :]], axis=-2)
+
+    def gate_up(gate, up):  # kernels [(L,) D, F] or biases [(L,) F] -> [..., 2, F]
+        return jnp.stack([gate, up], axis=-2)
+
     for block in blocks:
         attn, mlp = block.self_attn, block.mlp
-        q = attn.q_proj.kernel[...]  # [(L,) D, H, Dh]
-        lead = q.shape[:-2]
-        q = q.reshape(*lead, cfg.num_kv_heads, g, cfg.head_dim)
-        kv = [p.kernel[...][..., None, :] for p in (attn.k_proj, attn.v_proj)]  # [(L,) D, K, 1, Dh]
-        attn.qkv = DecodeWeight(jnp.concatenate([q, *kv], axis=-2))
-        qkv_bias = None  # (an attribute is data or static from its first assignment: set it once)
-        if attn.q_proj.bias is not None:
-            qb = attn.q_proj.bias[...]
-            qb = qb.reshape(*qb.shape[:-2], cfg.num_kv_heads, g, cfg.head_dim)
-            kvb = [p.bias[...][..., None, :] for p in (attn.k_proj, attn.v_proj)]
-            qkv_bias = DecodeWeight(jnp.concatenate([qb, *kvb], axis=-2))
-        attn.qkv_bias = qkv_bias
-        mlp.gate_up = DecodeWeight(jnp.stack([mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...]], axis=-2))
-        gate_up_bias = None
-        if mlp.gate_proj.bias is not None:
-            gate_up_bias = DecodeWeight(jnp.stack([mlp.gate_proj.bias[...], mlp.up_proj.bias[...]], axis=-2))
-        mlp.gate_up_bias = gate_up_bias
+        # (An attribute is data or static from its first assignment: each is set once.)
+        attn.qkv, attn.qkv_bias = _fused(qkv, attn.q_proj, attn.k_proj, attn.v_proj)
+        mlp.gate_up, mlp.gate_up_bias = _fused(gate_up, mlp.gate_proj, mlp.up_proj)
     return model
+
+
+def _fused(join, *layers: Dense):
+    """(kernel, bias or None) as DecodeWeights: `join` applied to the layers' kernels, and to their
+    biases when they have them."""
+    kernel = DecodeWeight(join(*(d.kernel[...] for d in layers)))
+    if layers[0].bias is None:
+        return kernel, None
+    return kernel, DecodeWeight(join(*(d.bias[...] for d in layers)))
 
 
 # Sharding under a mesh context. These constraints are active only under `jax.set_mesh(mesh)` (an
