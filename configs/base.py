@@ -165,7 +165,7 @@ def base_config() -> mlc.ConfigDict:
     t.eps_low = 0.2
     t.eps_high = 0.2
     t.dual_clip = 3.0
-    t.kl_coef = 0.01
+    t.kl_coef = 0.01  # 0: no KL term, so no reference params kept and no reference scoring pass
     t.entropy_coef = 0.0  # ALGORITHMS.md: entropy bonus 0.001 is an option
     t.aggregation = "token_mean"
     # "step": every step row weighs the same; "trajectory": a trajectory's steps share one weight

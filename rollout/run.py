@@ -20,7 +20,7 @@ from strata_jax.checkpoint import Checkpointer
 from strata_jax.cost import Work
 from strata_jax.models.hf import load_hf_model, load_tokenizer
 from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
-                              make_train_step, optimizer_config)
+                              make_train_step, optimizer_config, uses_reference)
 
 
 class Run:
@@ -50,7 +50,8 @@ class Run:
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         # The reference policy is the starting model; params are donated by the update, so copy.
-        self.ref_params = jax.tree.map(jnp.copy, params)
+        # Without a KL term (train.kl_coef = 0) nothing reads it: no copy, no scoring pass.
+        self.ref_params = jax.tree.map(jnp.copy, params) if uses_reference(config.train) else None
         t = config.train
         ocfg = optimizer_config({"lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
                                  "schedule": t.schedule, "warmup_steps": t.warmup_steps})

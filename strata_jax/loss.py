@@ -11,7 +11,8 @@ with m the loss mask (restricted to valid rows), n_s = sum_i m_si, and w_s the r
 The weight scales a row's contribution only; the count is the plain number of tokens / rows
 (J = J_act + lam * J_str over one shared denominator).
 
-Metrics, each a (value, count) pair: loss, pg_loss, kl (k3 to the reference) and entropy use the
+Metrics, each a (value, count) pair: loss, pg_loss, kl (k3 to the reference; absent without a
+reference, `LossConfig.reference`) and entropy use the
 loss's aggregation and row weights, so loss = pg_loss + kl_coef * kl (- entropy_coef * entropy);
 clip_frac, dual_clip_frac, approx_kl (k3 of old vs current) and ratio_mean are plain means over
 the loss tokens; ratio_max / ratio_min combine by max / min (METRIC_REDUCE).
@@ -49,6 +50,10 @@ class LossConfig:
     aggregation: str = struct.field(pytree_node=False, default="token_mean")
     entropy_bonus: bool = struct.field(pytree_node=False, default=False)
     track_entropy: bool = struct.field(pytree_node=False, default=True)  # report entropy metric
+    # Whether batches carry the reference policy's log-probs (ref_logp). False: the run has no KL
+    # term (kl_coef must be 0), skips the reference scoring pass and keeps no reference params
+    # (train.kl_coef = 0 in a run); the loss has no KL and the metrics no "kl".
+    reference: bool = struct.field(pytree_node=False, default=True)
 
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:
@@ -61,6 +66,9 @@ class LossConfig:
             raise ValueError(f"LossConfig.eps_low must be < 1, got {self.eps_low}")
         if isinstance(self.dual_clip, (int, float)) and self.dual_clip <= 1:
             raise ValueError(f"LossConfig.dual_clip must be > 1, got {self.dual_clip}")
+        if not self.reference and not (isinstance(self.kl_coef, (int, float)) and self.kl_coef == 0):
+            raise ValueError(f"LossConfig.reference=False (no reference log-probs) needs kl_coef = 0, "
+                             f"got {self.kl_coef}")
 
     @property
     def needs_entropy(self) -> bool:
@@ -85,8 +93,11 @@ def token_terms(logp, old_logp, ref_logp, advantage, cfg: LossConfig) -> dict[st
     pg_clip = jnp.maximum(pg1, pg2)
     pg3 = -advantage * cfg.dual_clip
     pg = jnp.where(advantage < 0, jnp.minimum(pg_clip, pg3), pg_clip)
-    q = jnp.clip(ref_logp - logp, -cfg.kl_clamp, cfg.kl_clamp)
-    kl = jnp.exp(q) - q - 1.0
+    if cfg.reference:
+        q = jnp.clip(ref_logp - logp, -cfg.kl_clamp, cfg.kl_clamp)
+        kl = jnp.exp(q) - q - 1.0
+    else:  # no reference log-probs (ref_logp is not filled): no KL term
+        kl = jnp.zeros_like(logp)
     # approx KL(old || new), k3 with q = old - new: a drift diagnostic, not a loss term
     q_old = -log_ratio
     return {
@@ -148,7 +159,7 @@ def policy_loss(
     metrics = {
         "loss": (loss_sum, count),
         "pg_loss": aggregate(t["pg"], mask, w, cfg.aggregation),
-        "kl": aggregate(t["kl"], mask, w, cfg.aggregation),
+        **({"kl": aggregate(t["kl"], mask, w, cfg.aggregation)} if cfg.reference else {}),
         # diagnostics: plain (unweighted) token means over the loss tokens
         "clip_frac": aggregate(t["clipped"], mask, ones, "token_mean"),
         "dual_clip_frac": aggregate(t["dual_clipped"], mask, ones, "token_mean"),

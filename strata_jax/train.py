@@ -109,11 +109,18 @@ def make_optimizer(cfg: OptimizerConfig | Mapping | None = None, total_steps: in
 
 
 def loss_config(train_cfg: Mapping) -> LossConfig:
-    """LossConfig from a `config.train` section; the entropy bonus is on iff entropy_coef != 0."""
+    """LossConfig from a `config.train` section; the entropy bonus is on iff entropy_coef != 0, and
+    the reference log-probs are read iff kl_coef != 0 (`uses_reference`)."""
     d = train_cfg.to_dict() if hasattr(train_cfg, "to_dict") else dict(train_cfg)
     keys = ("eps_low", "eps_high", "dual_clip", "kl_coef", "entropy_coef", "aggregation")
     kw = {k: d[k] for k in keys if k in d}
-    return LossConfig(**kw, entropy_bonus=bool(kw.get("entropy_coef", 0.0)))
+    return LossConfig(**kw, entropy_bonus=bool(kw.get("entropy_coef", 0.0)), reference=uses_reference(d))
+
+
+def uses_reference(train_cfg: Mapping) -> bool:
+    """Whether a run with this `config.train` needs the reference policy: only its KL term reads it.
+    With kl_coef = 0 the run keeps no reference params and skips their scoring pass."""
+    return float(train_cfg.get("kl_coef", LossConfig.kl_coef)) != 0.0
 
 
 # ----------------------------------------------------------------------------------------------

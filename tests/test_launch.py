@@ -77,7 +77,7 @@ def test_train_end_to_end_writes_everything(straight_run, sft_model):
         assert np.isfinite(r["update/loss"]) and r["update/steps"] >= 1
         assert r["train/num_trajectories"] == 8  # P * N * M
         assert 0.0 <= r["train/success"] <= 1.0
-        for k in ("time/rollout_s", "time/update_s", "train/esu", "train/invalid_rate"):
+        for k in ("time/rollout_s", "time/update_s", "train/esu", "train/invalid_rate", "update/kl"):
             assert k in r
     for png in ("learning_curves.png", "success_by_horizon.png"):
         assert (straight_run / png).stat().st_size > 1000
@@ -218,9 +218,11 @@ def test_unbuilt_option_fails_before_any_work(tmp_path):
 def test_ptx_and_type_stratified_run_resumes_exactly(sft_model, tmp_path):
     """PPO-ptx steps (`train.ptx_coef`) and type-stratified task sets run through the command line,
     and a run stopped after iteration 1 continues as the uninterrupted one (the ptx rows of an
-    iteration are a function of (seed, iteration)). The ptx-only control runs no policy step."""
+    iteration are a function of (seed, iteration)). The ptx-only control runs no policy step.
+    Without a KL term (`train.kl_coef=0`: no reference params, no reference scoring) the run
+    reports no KL."""
     extra = ["--config.train.ptx_coef=0.5", "--config.train.ptx_rows=4", "--config.train.ptx_tasks=4",
-             "--config.algo.task_sampling=by_type", "--config.eval.every=0"]
+             "--config.algo.task_sampling=by_type", "--config.eval.every=0", "--config.train.kl_coef=0"]
     common = [*CONFIG, *SMALL, *extra, f"--config.model.path={sft_model}"]
     launch(*common, "--config.iterations=2", "--workdir", str(tmp_path / "straight"))
     launch(*common, "--config.iterations=1", "--workdir", str(tmp_path / "split"))
@@ -228,6 +230,7 @@ def test_ptx_and_type_stratified_run_resumes_exactly(sft_model, tmp_path):
     straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
     for r in straight[1:]:
         assert r["update/ptx_steps"] >= 1 and np.isfinite(r["update/ptx_nll"]) and r["update/ptx_nll"] > 0
+        assert np.isfinite(r["update/loss"]) and "update/kl" not in r
     a, b = split[-1], straight[-1]
     assert a["iteration"] == b["iteration"] == 2
     for k in [k for k in b if not k.startswith("time/")]:

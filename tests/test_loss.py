@@ -119,6 +119,36 @@ def test_branches_are_exercised():
     assert abs(d["ref"][1, 4] - d["logp"][1, 4]) > 10 and abs(d["ref"][2, 5] - d["logp"][2, 5]) > 10
 
 
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_without_a_reference_the_loss_is_the_numpy_one_without_kl(agg):
+    """`reference=False` (a run with kl_coef = 0 scores no reference log-probs): the loss and its
+    gradient are the numpy loss with beta = 0, whatever ref_logp holds, and no "kl" is reported."""
+    d = _make(3)
+    d["ref"] = np.full((S, L), np.nan)  # never read
+    cfg = LossConfig(kl_coef=0.0, aggregation=agg, reference=False)
+    loss_fn = lambda lp: policy_loss(lp, _batch(d), cfg, 0.5)  # noqa: E731
+    lp = jnp.asarray(d["logp"], jnp.float32)
+    loss_sum, count, m = loss_fn(lp)
+    want = _reference({**d, "ref": d["logp"]}, 0.2, 0.2, 3.0, 0.0, 0.0, agg, 0.5, False)
+    np.testing.assert_allclose(float(loss_sum / count), want["loss"], rtol=2e-5)
+    assert "kl" not in m and np.isfinite(float(finalize_metrics(m)["pg_loss"]))
+    grad = jax.grad(lambda lp: loss_fn(lp)[0])(lp)
+    with_ref = LossConfig(kl_coef=0.0, aggregation=agg)  # the same loss read through a finite reference
+    d_ref = {**d, "ref": d["logp"] + 1.0}
+    grad_ref = jax.grad(lambda lp: policy_loss(lp, _batch(d_ref), with_ref, 0.5)[0])(lp)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(grad_ref), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="reference=False .* needs kl_coef = 0"):
+        LossConfig(kl_coef=0.01, reference=False)
+
+
+def test_loss_config_reads_the_reference_only_with_a_kl_term():
+    from strata_jax.train import loss_config, uses_reference
+
+    assert loss_config({"kl_coef": 0.01}).reference and uses_reference({"kl_coef": 0.01})
+    assert not loss_config({"kl_coef": 0.0}).reference and not uses_reference({"kl_coef": 0})
+    assert uses_reference({})  # the default beta = 0.01
+
+
 def test_row_weights():
     ri = jnp.array([[0, 0, 0, 2], [0, 0, 0, -1], [0, 0, 0, -1], [0, 0, 0, 0]])
     w = row_weights(ri, jnp.array([True, True, False, False]), 0.25)

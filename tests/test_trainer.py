@@ -69,6 +69,34 @@ def test_score_rows_equals_the_sampler_score_on_loss_tokens(model):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("reference", [True, False])
+def test_score_batch_runs_the_reference_pass_only_with_reference_params(model, reference):
+    """A run without a KL term keeps no reference params (Run: train.kl_coef = 0): score_batch
+    then fills ref_logp with zeros and runs one scoring pass (the old policy's), not two."""
+    graphdef, params = model
+    pk = _rows(6, 24, 4, seed=3)
+    ref_params = jax.tree.map(lambda x: x * 0.5, params)  # a reference that differs from the policy
+    run = _fake_run(graphdef, 4, 6)
+    run.config.train.recompute_old_logp = True
+    run.ref_params = ref_params if reference else None
+    tb = types.SimpleNamespace(tokens=pk["tokens"], attention_mask=pk["attention_mask"], loss_mask=pk["loss_mask"],
+                               old_logp=np.zeros(pk["tokens"].shape, np.float32),
+                               replace=lambda **kw: kw)
+    got = scoring.score_batch(run, tb, params)
+    one = Work()
+    scoring.score_rows(types.SimpleNamespace(**{**vars(run), "work": {"score": one}}), params, pk["tokens"],
+                       pk["attention_mask"], pk["loss_mask"])
+    want_old = np.where(pk["loss_mask"], score(graphdef, params, pk["tokens"], pk["attention_mask"]), 0.0)
+    np.testing.assert_allclose(got["old_logp"], want_old, rtol=1e-5, atol=1e-6)
+    if reference:
+        want_ref = np.where(pk["loss_mask"], score(graphdef, ref_params, pk["tokens"], pk["attention_mask"]), 0.0)
+        np.testing.assert_allclose(got["ref_logp"], want_ref, rtol=1e-5, atol=1e-6)
+        assert run.work["score"].tokens == 2 * one.tokens
+    else:
+        assert not got["ref_logp"].any() and got["ref_logp"].shape == pk["tokens"].shape
+        assert run.work["score"].tokens == one.tokens > 0
+
+
 def test_a_response_longer_than_the_window_is_refused(model):
     graphdef, params = model
     pk = _rows(4, 16, 6, seed=2)
