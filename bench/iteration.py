@@ -23,7 +23,7 @@ length; the per-env-step time is printed too.
 
     python bench/iteration.py [--iterations 2] [--repeats 2] [--sft-steps 30] [--keep DIR] [--set KEY=VALUE ...]
                               [--config configs/tiny_alfworld.py] [--model qwen2.5-7b] [--devices 8]
-                              [--plan-as-run]
+                              [--plan-as-run] [--think-tokens R] [--tasks-times K ...]
 
 `--config` swaps the household config for another StraTA config (the same GRPO twin is derived
 from it): configs/tiny_alfworld.py runs real ALFWorld games (unpack them first, see that file),
@@ -50,11 +50,29 @@ every distinct prompt prefix once, no padding), the lower bound of any prefix-sh
 The scoring and the update pack their rows as a run of the modelled model would (`run.plan_model`:
 its attention pairs weigh little against its tokens, so wider packed rows and prefix trees pay);
 `--plan-as-run` packs them for the tiny model instead.
+
+`--think-tokens R` counts the work of a policy that reasons for R more tokens before it acts (as
+the step prompt asks, "First reason ... inside <think>...</think>"; a Qwen-class model writes
+sentences there, the tiny model a fixed 6 words). Every action response gets R filler tokens at its
+start before the scoring (`with_thoughts`), so the scoring and the update plan, pack and run the
+longer rows (their log-prob window R columns wider); every action decode is counted R steps
+longer, over a cache R slots larger. The prompts are unchanged: the history shows a step's
+action, not its reasoning. The rollout itself (actions, episodes) is the tiny model's, the same
+as without the option; the counts are those of the same episodes written by a policy that reasons.
+
+`--tasks-times K` (repeatable) also models an iteration of K times the tasks: every call's rows,
+tokens and pairs times K (strata_jax/cost.Work.times). The token passes grow with the tasks, but a
+decode step of a few rows per device takes the time of reading the weights whatever its rows, so
+a small P overstates the decode's share. With `--keep DIR` the counted work is also written to
+DIR/iteration.json, which `--from DIR/iteration.json` models again (say at another `--model`,
+`--devices` or `--tasks-times`) without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import pathlib
 import sys
@@ -99,6 +117,65 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     return validate(strata), validate(grpo)
 
 
+def with_thoughts(tb, think: int, horizon: int, vocab: int, seed: int):
+    """TokenBatch `tb` [S, L] -> [S, L + think]: every action-step row (0 <= t < horizon, with loss
+    tokens) gets `think` random tokens in [1, vocab) at the start of its response, trained like
+    the rest of it (loss mask on, old log-prob 0: the scoring recomputes it); every other row is
+    left-padded by `think` columns. Rows stay left-padded with the response at their end."""
+    import jax
+    import numpy as np
+
+    tb = jax.tree.map(np.asarray, tb)
+    s, _ = tb.tokens.shape
+    t = tb.row_index[:, 3]
+    start = np.where(tb.loss_mask.any(axis=1), tb.loss_mask.argmax(axis=1), -1)  # response start column
+    act = tb.row_valid & (t >= 0) & (t < horizon) & (start >= 0)
+    filler = np.random.default_rng(seed).integers(1, vocab, size=(s, think))
+    fields = ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage", "penalty_mask")
+    out = {}
+    for f in fields:
+        x = getattr(tb, f)
+        if x is None:
+            continue
+        fill = {"tokens": filler, "attention_mask": True, "loss_mask": True}.get(f, 0)
+        rows = []
+        for r in range(s):
+            if act[r]:
+                ins = np.broadcast_to(np.asarray(fill, x.dtype), (think,)) if f != "tokens" else filler[r].astype(x.dtype)
+                rows.append(np.concatenate([x[r, :start[r]], ins, x[r, start[r]:]]))
+            else:
+                rows.append(np.concatenate([np.zeros(think, x.dtype), x[r]]))
+        out[f] = np.stack(rows)
+    return tb.replace(**out)
+
+
+class Thoughts:
+    """`--think-tokens`: the action rows widened by `with_thoughts` before the scoring (a patch of
+    rollout.iteration.score_batch, so that the update runs them too), and every action decode
+    counted `think` steps longer. `last` holds the latest widened batch (for `tree_bound`)."""
+
+    def __init__(self, think: int):
+        import rollout.iteration as iteration
+        import rollout.run
+
+        self.think, self.last = think, None
+        original = iteration.score_batch
+        window = rollout.run.logprob_window  # the Run's scoring and update window: R columns wider
+        rollout.run.logprob_window = lambda config: window(config) + think
+
+        def score_batch(run, tokens, params):
+            self.last = with_thoughts(tokens, think, int(run.config.env.max_steps), int(run.mcfg.vocab_size),
+                                      seed=int(run.config.seed))
+            return original(run, self.last, params)
+
+        iteration.score_batch = score_batch
+
+    def count_decodes(self, sampler) -> None:
+        work, think = sampler.work, self.think
+        add = work.add_decode
+        work.add_decode = lambda rows, steps, cache: add(rows, steps + think, cache + think) if steps > 0 else None
+
+
 def tree_bound(tb, rows: int, seed: int) -> dict[str, float]:
     """Tokens a perfect prefix tree would run (strata_jax/packing.prefix_tree_tokens): over the
     update's mini-batches (the iteration's own split) and over one scoring pass's chunks (the rows
@@ -133,8 +210,6 @@ def modelled(work: dict, model: str, devices: int, real: bool = False) -> dict[s
     """Seconds per phase of one iteration's counted work at `model`'s size on `devices` H200s
     (strata_jax/cost.py's roofline at its stated efficiencies); `real`: the passes on their real
     tokens only."""
-    import dataclasses
-
     from strata_jax import cost
 
     hw = dataclasses.replace(cost.H200, devices=devices, name=f"{devices} x H200")
@@ -153,7 +228,7 @@ class Measured:
     """One algorithm's run: its train state, environments and samplers, timed one iteration at a
     time from a saved start state (so that repeats and the warm-up run the same iteration)."""
 
-    def __init__(self, config, workdir: pathlib.Path, plan_model=None):
+    def __init__(self, config, workdir: pathlib.Path, plan_model=None, thoughts: Thoughts | None = None):
         from rollout.run import Run
         from rollout.setup import make_envs, trajectories_per_task
 
@@ -163,6 +238,9 @@ class Measured:
         per_iter = config.algo.tasks_per_iter * trajectories_per_task(config)
         self.envs = make_envs(config, per_iter, config.env.split)
         self.samplers = self.run.policy.samplers  # by call kind
+        self.thoughts = thoughts
+        if thoughts is not None:
+            thoughts.count_decodes(self.samplers["action"])
 
     def _work(self) -> dict:
         return {**{k: s.work.snapshot() for k, s in self.samplers.items()},
@@ -192,7 +270,12 @@ class Measured:
         # padded tokens the update's forward ran (fewer than the batch's with train.shared_prefix)
         out["update_tokens"] = float(row.get("time/update_model_tokens", 0.0))
         out["env_steps"] = float(np.asarray(res.traj.step_mask).sum())
-        out.update(tree_bound(res.tokens, int(self.run.config.train.mini_batch_rows),
+        tokens = res.tokens
+        if self.thoughts is not None:  # the widened rows the scoring and the update ran
+            if res.traj.step_mask.shape[-1] != int(self.run.config.env.max_steps):
+                raise RuntimeError("--think-tokens: the batch's horizon is not env.max_steps; action rows unknown")
+            tokens = self.thoughts.last
+        out.update(tree_bound(tokens, int(self.run.config.train.mini_batch_rows),
                               int(self.run.config.seed) * 100003 + it))
         if not keep:
             self.run.state = start
@@ -258,8 +341,28 @@ def main() -> None:
     ap.add_argument("--plan-as-run", action="store_true",
                     help="plan the scoring's and the update's packing for the tiny model that runs (default: "
                          "for --model, whose attention weighs far less against its matmuls)")
+    ap.add_argument("--tasks-times", type=int, action="append", default=[], metavar="K",
+                    help="also model an iteration of K times the tasks (strata_jax/cost.Work.times: every "
+                         "call's rows times K); repeatable")
+    ap.add_argument("--think-tokens", type=int, default=0, metavar="R",
+                    help="count every action response R tokens longer: a policy that reasons before it acts "
+                         "(module docstring)")
+    ap.add_argument("--from", dest="saved", default=None, metavar="DIR/iteration.json",
+                    help="model a saved run's counts again (with this --model, --devices, --tasks-times) "
+                         "instead of running")
     a = ap.parse_args()
+    if a.saved:
+        saved = json.loads(pathlib.Path(a.saved).read_text())
+        out, passes = from_json(saved["out"]), saved["passes"]
+        a.iterations, a.repeats = saved["iterations"], saved["repeats"]
+    else:
+        out, passes = run_benches(a)
+    report(out, passes, a)
 
+
+def run_benches(a) -> tuple[dict, dict]:
+    """`measure` both algorithms as the flags say -> (its figures, scoring passes per algorithm).
+    With `--keep DIR` both are also written to DIR/iteration.json (for `--from`)."""
     from rollout.setup import make_mesh
     from rollout.warmstart import model_dir
 
@@ -268,14 +371,39 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         strata, grpo = configs(a.sft_steps, a.set, a.config)
         model = model_dir(strata, root / "model", make_mesh(strata))
+        thoughts = Thoughts(a.think_tokens) if a.think_tokens > 0 else None
         benches = {}
         for name, cfg in (("strata", strata), ("grpo", grpo)):
             cfg.model.path = str(model)
-            benches[name] = Measured(cfg, root / name, None if a.plan_as_run else MODELS[a.model])
+            benches[name] = Measured(cfg, root / name, None if a.plan_as_run else MODELS[a.model], thoughts)
         out = measure(benches, a.iterations, a.repeats)
-        benches_rescore = {n: bool(b.run.config.train.recompute_old_logp) for n, b in benches.items()}
+        # scoring passes per iteration: the reference's (unless kl_coef = 0) and the old policy's
+        passes = {n: int(b.run.ref_params is not None) + int(bool(b.run.config.train.recompute_old_logp))
+                  for n, b in benches.items()}
         for b in benches.values():
             b.close()
+    if a.keep:
+        (root / "iteration.json").write_text(json.dumps(
+            {"out": to_json(out), "passes": passes, "iterations": a.iterations, "repeats": a.repeats,
+             "argv": sys.argv[1:]}))
+    return out, passes
+
+
+def to_json(out: dict) -> dict:
+    return {n: {**r, "work": {p: dataclasses.asdict(w) for p, w in r["work"].items()}} for n, r in out.items()}
+
+
+def from_json(out: dict) -> dict:
+    from strata_jax.cost import Work
+
+    def work(w: dict) -> Work:
+        return Work(**{**w, "decode": [tuple(d) for d in w["decode"]]})  # JSON wrote the tuples as lists
+
+    return {n: {**r, "work": {p: work(w) for p, w in r["work"].items()}} for n, r in out.items()}
+
+
+def report(out: dict, passes: dict, a) -> None:
+    """Print the timed figures (when timed) and the modelled ones (module docstring)."""
     s, g = out["strata"], out["grpo"]
     for name, r in out.items():
         if not a.repeats:
@@ -308,15 +436,28 @@ def main() -> None:
     print(f"strata overhead over grpo, modelled at {a.model} on {a.devices} x H200 (40% MFU, 60% of HBM "
           f"bandwidth): {100 * (ms / mg - 1):+.1f} % per iteration, {100 * (per_step - 1):+.1f} % per env step")
     for name, r in out.items():
-        passes = 2 if benches_rescore[name] else 1
         print(f"tokens {name:6s} update {r['work']['update'].tokens / a.iterations:10.0f} run, "
               f"{r['tree_update']:10.0f} with a perfect prefix tree; one scoring pass "
-              f"{r['work']['scoring'].tokens / passes / a.iterations:10.0f} run, {r['tree_score']:10.0f} with the tree")
+              f"{r['work']['scoring'].tokens / max(passes[name], 1) / a.iterations:10.0f} run, "
+              f"{r['tree_score']:10.0f} with the tree")
     # The same with every pass on its rows' real tokens (no padding, no shared prefixes): the cost
     # model of a padding-free update such as verl's remove-padding.
     rs, rg = (sum(modelled(out[n]["work"], a.model, a.devices, real=True).values()) for n in ("strata", "grpo"))
     print(f"strata overhead over grpo, modelled on real tokens only (no padding, no shared prefixes): "
           f"{100 * (rs / rg - 1):+.1f} % ({rs / a.iterations:.3f} s against {rg / a.iterations:.3f} s)")
+    # More tasks per iteration: the token passes grow with them, a weight-bound decode step does
+    # not (its time is reading the weights), so the decode's share and the overhead move with P.
+    for k in a.tasks_times:
+        scaled = {n: modelled({p: w.times(k) for p, w in out[n]["work"].items()}, a.model, a.devices)
+                  for n in ("strata", "grpo")}
+        ks, kg = (sum(scaled[n].values()) / a.iterations for n in ("strata", "grpo"))
+        parts = ", ".join(f"{p} {scaled['strata'][p] / a.iterations:.2f} / {scaled['grpo'][p] / a.iterations:.2f}"
+                          for p in PHASES if p in scaled["strata"])
+        real = [sum(modelled({p: w.times(k) for p, w in out[n]["work"].items()}, a.model, a.devices,
+                             real=True).values()) for n in ("strata", "grpo")]
+        print(f"strata overhead over grpo, modelled with {k}x the tasks: {100 * (ks / kg - 1):+.1f} % "
+              f"({ks:.3f} s against {kg:.3f} s; strata / grpo s: {parts}); on real tokens only "
+              f"{100 * (real[0] / real[1] - 1):+.1f} %")
 
 
 if __name__ == "__main__":

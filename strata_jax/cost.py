@@ -73,6 +73,14 @@ class Work:
     def __add__(self, other: "Work") -> "Work":
         return Work(**{k: getattr(self, k) + getattr(other, k) for k in _TOTALS}, decode=self.decode + other.decode)
 
+    def times(self, k: int) -> "Work":
+        """The same calls with k times the rows each: every pass's tokens, pairs and head positions
+        and every decode's rows times k, its steps and cache unchanged. An iteration of k times the
+        tasks (each call batches every environment) does about this work: tasks are independent
+        draws, so its rows are like these rows k times over (padding and shared prefixes aside)."""
+        return Work(**{f: getattr(self, f) * k for f in _TOTALS},
+                    decode=[(rows * k, steps, cache) for rows, steps, cache in self.decode])
+
     @property
     def decode_steps(self) -> int:
         return sum(s for _, s, _ in self.decode)

@@ -170,3 +170,11 @@ def test_seconds_by_hand():
     # With a far slower chip the same steps are compute-bound.
     slow = dataclasses.replace(hw, peak_flops=1e6)
     assert cost.seconds(w2, m, slow) == pytest.approx(5 * 2 * (lf + hf + 40 * pf) / (1e6 * 0.5))
+    # k times the tasks: the passes' work times k; a decode of 4 x 3 = 12 rows (6 per device) reads
+    # the weights once a step as before, plus six rows' caches, so it costs far less than 4x.
+    w3 = (w + w2).times(4)
+    assert (w3.tokens, w3.pairs, w3.head_tokens, w3.real_tokens, w3.real_pairs) == (400, 4000, 40, 56, 400)
+    assert w3.decode == [(12, 5, 40)]
+    read4 = (weights + 6 * 40 * kv_slot) / (1e11 * 0.5)
+    assert cost.seconds(w3, m, hw) == pytest.approx(4 * compute + 5 * read4)
+    assert cost.seconds(w3, m, hw) < 4 * cost.seconds(w + w2, m, hw)
