@@ -261,10 +261,11 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     """One token per row from logits [B, V] f32 with per-row settings [B]. Returns [B] int32.
 
     The full-vocabulary sort that top-k / top-p need is skipped (`lax.cond`) when no sampled row
-    asks for truncation, which is the usual RL setting (temperature 1, no truncation).
+    asks for truncation, which is the usual RL setting (temperature 1, no truncation); the greedy
+    argmax (two more passes over [B, V]) is skipped when no row is greedy (temperature 0).
     """
-    greedy = argmax_last(logits)
     sampled_row = temperature > 0
+    greedy = jax.lax.cond(jnp.all(sampled_row), lambda x: jnp.zeros(x.shape[:1], jnp.int32), argmax_last, logits)
     scaled = logits / jnp.where(sampled_row, temperature, 1.0)[:, None]
     truncate = jnp.any(sampled_row & ((top_k > 0) | (top_p < 1.0)))
     sampled = jax.lax.cond(truncate, _sample_truncated, _sample_full, scaled, key, top_k, top_p)
