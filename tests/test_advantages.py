@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import jax
 import jax.numpy as jnp
@@ -290,6 +290,9 @@ def _hp(delta, gamma, kappa, lam):
 @given(seed=st.integers(0, 2**31 - 1), shape=st.sampled_from(SHAPES), algo=st.sampled_from(ALGOS),
        delta=st.sampled_from([0.25, 0.5, 0.75, 1.0]), gamma=st.sampled_from([0.5, 0.75, 0.875]),
        kappa=st.sampled_from([0.0, 0.1, 0.3]), lam=st.sampled_from([0.5, 1.0, 2.0]))
+# Two strategies whose rewards tie in exact arithmetic, 11/3/8 and 14/3/8 - 1/8, one float32 ulp
+# apart: they got +-0.0146 before groups.TIE (CI found it).
+@example(seed=206443, shape=(3, 2, 3, 6), algo="strata", delta=0.75, gamma=0.5, kappa=0.0, lam=0.5)
 def test_matches_reference(seed, shape, algo, delta, gamma, kappa, lam):
     d = random_batch(np.random.default_rng(seed), *shape)
     params = _hp(delta, gamma, kappa, lam)
@@ -458,6 +461,27 @@ def test_normalize_rows_matches_loops():
                 want = (xs - xs.mean(0)) / (xs.std(0, ddof=1) + 1e-6)
             np.testing.assert_allclose(got[m], want, atol=1e-5)
         assert (got[~valid] == 0).all()
+
+
+def test_rounding_ties_normalise_to_zero_and_real_spreads_do_not():
+    """Values equal in exact arithmetic but one float32 ulp apart (11/3/8 and 14/3/8 - 1/8) are a
+    tie: 0, as a constant group, in both normalisations. A spread of 1e-5 relative, well above
+    rounding, is normalised as usual (+-0.707 for two members)."""
+    from strata_jax.advantages.groups import axis_normalize, group_by, normalize_rows
+    a = np.float32(11.0) / np.float32(3.0) / np.float32(8.0)
+    b = np.float32(14.0) / np.float32(3.0) / np.float32(8.0) - np.float32(0.125)
+    assert a != b  # the premise: one ulp apart
+    near = np.float32(a) * np.float32(1.0 + 1e-5)
+    x = jnp.asarray([[a, b], [a, near]], jnp.float32)  # [groups, members]
+    valid = jnp.ones((2, 2), bool)
+    got = np.asarray(axis_normalize(x, valid, (1,)))
+    np.testing.assert_array_equal(got[0], [0.0, 0.0])
+    want = (np.float64(near) - a) / 2 / (abs(np.float64(near) - a) / np.sqrt(2) + 1e-6)
+    np.testing.assert_allclose(got[1], [-want, want], rtol=1e-3)
+    groups = group_by((jnp.asarray([0, 0, 1, 1]),), jnp.ones(4, bool))
+    rows = np.asarray(normalize_rows(x.reshape(4, 1), groups))[:, 0]
+    np.testing.assert_array_equal(rows[:2], [0.0, 0.0])
+    np.testing.assert_allclose(rows[2:], [-want, want], rtol=1e-3)
 
 
 @pytest.mark.parametrize("algo", ["gigpo", "beacon"])

@@ -82,7 +82,7 @@ def segment_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strat
     sq_dev = cnt @ (vals * vals) - 2.0 * shift * s1 + n * shift * shift
     sq = jnp.maximum(sq_dev - n * mean * mean, 0.0)  # [NG, G]
     c = vals[bins] - (shift + mean)[g]  # [P, N, M, H, G]
-    return finish(c, n[g], sq[g], (sm & (members[g] >= 2))[..., None], params.seg_norm)
+    return finish(c, n[g], sq[g], (sm & (members[g] >= 2))[..., None], params.seg_norm, mean=(shift + mean)[g])
 
 
 def _segment_groups(shape, seg, per_strategy):

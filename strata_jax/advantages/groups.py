@@ -15,7 +15,8 @@ once, and the kernels that sum over groups take values with the grid axis last (
 advantages/grid.py), so each scatter moves contiguous rows.
 
 Both normalisations shift each group by one of its own members before summing, so a constant group
-(an all-fail group) gives exactly 0, not f32 rounding residue divided by the 1e-6 epsilon.
+(an all-fail group) gives exactly 0, not f32 rounding residue divided by the 1e-6 epsilon; a group
+whose values tie in exact arithmetic but differ by float32 rounding (std <= TIE |mean|) gives 0 too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ import jax.numpy as jnp
 from flax import struct
 
 EPS = 1e-6
+# A group whose unbiased std is at most TIE x |its mean| is a tie: its members differ by float32
+# rounding of values that are equal in exact arithmetic (11/3/8 and 14/3/8 - 1/8 as two
+# strategies' rewards differ by one ulp), and dividing that residue by std + EPS would turn it into
+# advantages of +-0.01 or more. 2^-20 is 8 ulps at any magnitude. Such a group gets 0, as a
+# constant one does.
+TIE = 2.0**-20
 NORM_MODES = ("std", "mean")
 _I32_MAX = 2**31 - 1
 
@@ -34,14 +41,19 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"normalisation mode must be one of {NORM_MODES}, got {mode!r}")
 
 
-def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array, mode: str) -> jax.Array:
+def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array, mode: str,
+           mean: jax.Array | None = None) -> jax.Array:
     """Centred values c -> c / (unbiased std + EPS) in 'std' mode, c in 'mean' mode; 0 where not keep.
 
     n: (weighted) member count of each element's group; sq_sum: its sum of (weighted) c**2
-    (unused, may be None, in 'mean' mode).
+    (unused, may be None, in 'mean' mode); mean: the group's mean, whose magnitude tells a tie
+    (std <= TIE |mean|: rounding residue, 0) from a spread.
     """
     if mode == "std":
-        c = c / (jnp.sqrt(sq_sum / jnp.maximum(n - 1.0, 1.0)) + EPS)
+        std = jnp.sqrt(sq_sum / jnp.maximum(n - 1.0, 1.0))
+        c = c / (std + EPS)
+        if mean is not None:
+            c = jnp.where(std > TIE * jnp.abs(mean), c, 0.0)
     return jnp.where(keep, c, 0.0)
 
 
@@ -64,8 +76,10 @@ def axis_normalize(
     shift = jnp.max(jnp.where(valid, x, -jnp.inf), axes, keepdims=True)
     d = jnp.where(valid, x - jnp.where(members > 0, shift, 0.0), 0.0)
     wsum = w.sum(axes, keepdims=True)
-    c = jnp.where(valid, d - (w * d).sum(axes, keepdims=True) / jnp.maximum(wsum, 1.0), 0.0)
-    return finish(c, wsum, (w * c * c).sum(axes, keepdims=True), valid & (members >= 2), mode)
+    dmean = (w * d).sum(axes, keepdims=True) / jnp.maximum(wsum, 1.0)
+    c = jnp.where(valid, d - dmean, 0.0)
+    return finish(c, wsum, (w * c * c).sum(axes, keepdims=True), valid & (members >= 2), mode,
+                  mean=jnp.where(members > 0, shift, 0.0) + dmean)
 
 
 # ----------------------------------------------------------------------------- key tuples -> ids
@@ -202,9 +216,10 @@ def normalize_rows(x: jax.Array, groups: Groups, mode: str = "std") -> jax.Array
     n = groups.size[:, None]
     x = x.astype(jnp.float32)
     d = jnp.where(v, x - x[groups.head], 0.0)
-    c = jnp.where(v, d - group_totals(d, groups) / jnp.maximum(n, 1.0), 0.0)
+    dmean = group_totals(d, groups) / jnp.maximum(n, 1.0)
+    c = jnp.where(v, d - dmean, 0.0)
     sq = group_totals(c * c, groups) if mode == "std" else None
-    return finish(c, n, sq, v & (n >= 2), mode)
+    return finish(c, n, sq, v & (n >= 2), mode, mean=x[groups.head] + dmean)
 
 
 def index_grid(shape: tuple[int, ...], axis: int) -> jax.Array:
