@@ -125,23 +125,24 @@ def with_thoughts(tb, think: int, horizon: int, vocab: int, seed: int):
     import jax
     import numpy as np
 
+    from strata_jax.packing import TOKEN_FIELDS
+
     tb = jax.tree.map(np.asarray, tb)
     s, _ = tb.tokens.shape
     t = tb.row_index[:, 3]
     start = np.where(tb.loss_mask.any(axis=1), tb.loss_mask.argmax(axis=1), -1)  # response start column
     act = tb.row_valid & (t >= 0) & (t < horizon) & (start >= 0)
     filler = np.random.default_rng(seed).integers(1, vocab, size=(s, think))
-    fields = ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage", "penalty_mask")
     out = {}
-    for f in fields:
+    for f in TOKEN_FIELDS:
         x = getattr(tb, f)
         if x is None:
             continue
-        fill = {"tokens": filler, "attention_mask": True, "loss_mask": True}.get(f, 0)
+        fill = {"attention_mask": True, "loss_mask": True}.get(f, 0)
         rows = []
         for r in range(s):
             if act[r]:
-                ins = np.broadcast_to(np.asarray(fill, x.dtype), (think,)) if f != "tokens" else filler[r].astype(x.dtype)
+                ins = filler[r].astype(x.dtype) if f == "tokens" else np.full(think, fill, x.dtype)
                 rows.append(np.concatenate([x[r, :start[r]], ins, x[r, start[r]:]]))
             else:
                 rows.append(np.concatenate([np.zeros(think, x.dtype), x[r]]))
@@ -448,13 +449,12 @@ def report(out: dict, passes: dict, a) -> None:
     # More tasks per iteration: the token passes grow with them, a weight-bound decode step does
     # not (its time is reading the weights), so the decode's share and the overhead move with P.
     for k in a.tasks_times:
-        scaled = {n: modelled({p: w.times(k) for p, w in out[n]["work"].items()}, a.model, a.devices)
-                  for n in ("strata", "grpo")}
+        work = {n: {p: w.times(k) for p, w in out[n]["work"].items()} for n in ("strata", "grpo")}
+        scaled = {n: modelled(w, a.model, a.devices) for n, w in work.items()}
         ks, kg = (sum(scaled[n].values()) / a.iterations for n in ("strata", "grpo"))
         parts = ", ".join(f"{p} {scaled['strata'][p] / a.iterations:.2f} / {scaled['grpo'][p] / a.iterations:.2f}"
                           for p in PHASES if p in scaled["strata"])
-        real = [sum(modelled({p: w.times(k) for p, w in out[n]["work"].items()}, a.model, a.devices,
-                             real=True).values()) for n in ("strata", "grpo")]
+        real = [sum(modelled(work[n], a.model, a.devices, real=True).values()) for n in ("strata", "grpo")]
         print(f"strata overhead over grpo, modelled with {k}x the tasks: {100 * (ks / kg - 1):+.1f} % "
               f"({ks:.3f} s against {kg:.3f} s; strata / grpo s: {parts}); on real tokens only "
               f"{100 * (real[0] / real[1] - 1):+.1f} %")

@@ -42,7 +42,7 @@ def check_mode(mode: str) -> None:
 
 
 def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array, mode: str,
-           mean: jax.Array | None = None) -> jax.Array:
+           mean: jax.Array) -> jax.Array:
     """Centred values c -> c / (unbiased std + EPS) in 'std' mode, c in 'mean' mode; 0 where not keep.
 
     n: (weighted) member count of each element's group; sq_sum: its sum of (weighted) c**2
@@ -51,9 +51,7 @@ def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array
     """
     if mode == "std":
         std = jnp.sqrt(sq_sum / jnp.maximum(n - 1.0, 1.0))
-        c = c / (std + EPS)
-        if mean is not None:
-            c = jnp.where(std > TIE * jnp.abs(mean), c, 0.0)
+        c = jnp.where(std > TIE * jnp.abs(mean), c / (std + EPS), 0.0)
     return jnp.where(keep, c, 0.0)
 
 
