@@ -7,7 +7,8 @@
 #   2. the headline figures at the users' sizes: decode at Qwen2.5-7B (share of the HBM roofline,
 #      goal >= 60%) and the update at Qwen2.5-1.5B with cuDNN attention (MFU, goal >= 40%);
 #   3. A/B variants that place the time: the decode without its fused kernels, and with float32
-#      master weights (what the trainer's rollouts hand the sampler);
+#      master weights (what the trainer's rollouts hand the sampler); the update's vocabulary head
+#      at 1.5B's shape with its hand-written backward and with jax's autodiff of its scan;
 #   4. the 0.5B figures comparable with session 10's (decode, update), a small vocabulary (the head
 #      and sampling's share) and a small batch;
 #   5. the user's command end to end: `python launch.py` (the embedded default) in bf16 with cuDNN
@@ -122,6 +123,8 @@ if [ -z "$SMOKE" ]; then
   part bench/train.py --gpu --model qwen2.5-1.5b --attention cudnn
   part bench/sampler.py --gpu --model qwen2.5-7b --no-fuse
   part bench/sampler.py --gpu --model qwen2.5-7b --param-dtype float32
+  part bench/head.py --gpu --batch 8 --length 2048 --hidden 1536 --entropy
+  part bench/head.py --gpu --batch 8 --length 2048 --hidden 1536 --entropy --autodiff
   part bench/sampler.py --gpu
   part bench/train.py --gpu --attention cudnn
   part bench/sampler.py --gpu --vocab 8192
@@ -130,6 +133,8 @@ else
   part bench/sampler.py --gpu --smoke
   part bench/sampler.py --gpu --smoke --no-fuse --param-dtype float32
   part bench/train.py --gpu --smoke
+  part bench/head.py --batch 2 --length 16 --hidden 32 --vocab 1000 --chunk 256 --iters 2 --entropy
+  part bench/head.py --batch 2 --length 16 --hidden 32 --vocab 1000 --chunk 256 --iters 2 --entropy --autodiff
 fi
 if [ -z "$SMOKE" ]; then
   left=$(( DEADLINE - ($(date +%s) - T0) ))

@@ -24,6 +24,8 @@ def test_gpu_script_smoke_runs_every_headline_part():
     assert len(re.findall(r"sampler gpu decode: \d+ tok/s", text)) == 2, text[-3000:]  # fused, then unfused
     assert "float32 params, unfused decode" in text, text[-3000:]
     assert re.search(r"train_step smoke-shaped qwen2 .* remat, attention einsum: [\d,]+ tok/s", text), text[-3000:]
+    for backward in ("hand-written", "autodiff"):
+        assert re.search(rf"head fwd\+bwd B=2 T=16 D=32 V=1000 .*{backward} backward on cpu: [\d.]+ ms", text), text[-3000:]
 
 
 def test_gpu_script_learning_smoke_runs_both_learning_rates():

@@ -70,3 +70,60 @@ def test_token_logprobs_against_full_log_softmax(dtype):
     p = np.exp(logits - lse[..., None])
     np.testing.assert_allclose(np.asarray(logp), ref, atol=2e-5)
     np.testing.assert_allclose(np.asarray(ent), -(p * np.log(p)).sum(-1), atol=2e-5)
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_token_logprobs_gradients_against_autodiff_of_full_softmax(entropy):
+    """The head's hand-written backward (heads._lse_mean) against jax's autodiff of a plain
+    [B, T, V] log-softmax in float64: both gradients, with a padded last chunk and tied targets."""
+    from strata_jax.models.heads import token_logprobs
+
+    jax.config.update("jax_enable_x64", True)
+    try:
+        r = np.random.default_rng(3)
+        h = r.normal(size=(2, 5, 12))
+        w = r.normal(size=(12, 50)) * 0.7
+        tgt = jnp.asarray(r.integers(0, 50, size=(2, 5)), jnp.int32)
+        a, b = r.normal(size=(2, 5)), r.normal(size=(2, 5))
+
+        def ours(h, w):
+            logp, ent = token_logprobs(h, w, tgt, chunk_size=16, return_entropy=entropy)
+            return (logp * a).sum() + ((ent * b).sum() if entropy else 0.0)
+
+        def plain(h, w):
+            logsm = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, w), axis=-1)
+            logp = jnp.take_along_axis(logsm, tgt[..., None], -1)[..., 0]
+            ent = -(jnp.exp(logsm) * logsm).sum(-1)
+            return (logp * a).sum() + ((ent * b).sum() if entropy else 0.0)
+
+        h32, w32 = jnp.asarray(h, jnp.float32), jnp.asarray(w, jnp.float32)
+        v, (gh, gw) = jax.value_and_grad(ours, argnums=(0, 1))(h32, w32)
+        rv, (rgh, rgw) = jax.value_and_grad(plain, argnums=(0, 1))(jnp.asarray(h), jnp.asarray(w))
+        assert gh.dtype == jnp.float32 and gw.dtype == jnp.float32
+        np.testing.assert_allclose(float(v), float(rv), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(gh), np.asarray(rgh), atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(gw), np.asarray(rgw), atol=2e-5, rtol=1e-4)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_token_logprobs_bf16_gradients_round_like_the_products():
+    """A bf16 model: the gradients follow the float32 ones to bf16's precision, in bf16 (hidden)
+    and float32 (master kernel)."""
+    from strata_jax.models.heads import token_logprobs
+
+    r = np.random.default_rng(4)
+    h = r.normal(size=(2, 6, 16))
+    w = r.normal(size=(16, 40)) * 0.5
+    tgt = jnp.asarray(r.integers(0, 40, size=(2, 6)), jnp.int32)
+
+    def f(h, w):
+        logp, ent = token_logprobs(h, w, tgt, chunk_size=16, return_entropy=True)
+        return logp.sum() + 0.3 * ent.sum()
+
+    gh16, gw16 = jax.grad(f, argnums=(0, 1))(jnp.asarray(h, jnp.bfloat16), jnp.asarray(w, jnp.float32))
+    gh32, gw32 = jax.grad(f, argnums=(0, 1))(jnp.asarray(h, jnp.bfloat16).astype(jnp.float32),
+                                             jnp.asarray(w, jnp.bfloat16).astype(jnp.float32))
+    assert gh16.dtype == jnp.bfloat16 and gw16.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(gh16, np.float32), np.asarray(gh32), atol=3e-2, rtol=3e-2)
+    np.testing.assert_allclose(np.asarray(gw16), np.asarray(gw32), atol=3e-2, rtol=3e-2)
