@@ -13,8 +13,7 @@ the CPU).
 """
 
 import os
-
-import sys  # noqa: E402
+import sys
 
 if "--gpu" not in sys.argv:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -38,8 +38,7 @@ def token_logprobs(
 
     The caller handles the shift (hidden at position i predicts token i + 1).
     """
-    d, v = kernel.shape
-    chunk = min(int(chunk_size), v)
+    chunk = min(int(chunk_size), kernel.shape[1])
     kernel_c = kernel.astype(hidden.dtype)
     # Target logit straight from its column: no gather over a [B, T, V] tensor. The same products
     # and f32 accumulation as the chunks' logits, so logp = tgt - lse mixes no precisions.
