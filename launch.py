@@ -98,21 +98,51 @@ def main(argv: list[str]) -> int:
     enable_jit_cache()  # compiled programs kept on disk: a restarted run skips most compiles
     from rollout import trainer  # heavy imports (jax, transformers) only after validation
 
-    if mode == "train":
-        trainer.train(config, workdir)
-    elif mode == "sft":
-        trainer.sft_only(config, workdir)
-    elif mode == "eval":
-        trainer.evaluate_run(config, workdir)
-    elif mode == "ablate" and FLAGS.train:
-        from rollout.population import train_population
+    try:
+        if mode == "train":
+            trainer.train(config, workdir)
+        elif mode == "sft":
+            trainer.sft_only(config, workdir)
+        elif mode == "eval":
+            trainer.evaluate_run(config, workdir)
+        elif mode == "ablate" and FLAGS.train:
+            from rollout.population import train_population
 
-        train_population(config, workdir, FLAGS.grid)
-    elif mode == "ablate":
-        trainer.ablate(config, workdir, FLAGS.grid)
-    elif mode == "export":
-        trainer.export(config, workdir, FLAGS.out or str(workdir / "export"))
+            train_population(config, workdir, FLAGS.grid)
+        elif mode == "ablate":
+            trainer.ablate(config, workdir, FLAGS.grid)
+        elif mode == "export":
+            trainer.export(config, workdir, FLAGS.out or str(workdir / "export"))
+    except input_errors() as e:
+        print(f"{_error_kind(e)}: {_one_line(e)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def input_errors() -> tuple[type, ...]:
+    """What a user's input can be wrong with before any work (a model path, a model file, missing
+    game files, a run that cannot fit): one line and exit 2, no traceback. Everything else is a bug
+    and keeps its traceback."""
+    from rollout.envs.base import GamesNotFoundError
+    from rollout.warmstart import ModelPathError
+    from strata_jax.memory import DoesNotFitError
+    from strata_jax.models.config import ConfigError as ModelConfigError, UnsupportedArchitectureError
+    from strata_jax.models.gguf import GGUFError
+    from strata_jax.models.hf import CheckpointMismatchError, NotAModelDirectoryError
+
+    return (ModelPathError, GGUFError, CheckpointMismatchError, NotAModelDirectoryError,
+            UnsupportedArchitectureError, ModelConfigError, GamesNotFoundError, DoesNotFitError)
+
+
+def _error_kind(e: BaseException) -> str:
+    from rollout.envs.base import GamesNotFoundError
+    from strata_jax.memory import DoesNotFitError
+
+    if isinstance(e, GamesNotFoundError):
+        return "data error"
+    if isinstance(e, DoesNotFitError):
+        return "memory error"
+    return "model error"
 
 
 def _config_path(argv: list[str]) -> str:

@@ -71,7 +71,7 @@ if [ -n "$LEARNING" ]; then
   for lr in "${LRS[@]}"; do
     R="$W/lr$lr"
     FROM=""  # every run after the first starts from the first one's warm start (no second SFT)
-    [ "$lr" != "${LRS[0]}" ] && FROM="--config.model.path=$W/lr${LRS[0]}/sft_model"
+    [ "$lr" != "${LRS[0]}" ] && FROM="--config.model.path=$W/lr${LRS[0]}/sft_model --config.sft.steps=0 --config.sft.read_steps=0"
     echo "== launch.py on the household world (configs/tiny_household.py) with a 256-wide, 4-layer model, train.lr $lr, workdir $R"
     t0=$(date +%s)
     # shellcheck disable=SC2086  # SIZE and FROM are lists of flags

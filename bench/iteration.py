@@ -95,7 +95,7 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     import copy
     import importlib.util
 
-    from configs.base import apply_overrides, validate
+    from configs.base import apply_overrides, start_from, validate
 
     spec = importlib.util.spec_from_file_location("bench_config", config_file)
     module = importlib.util.module_from_spec(spec)
@@ -375,11 +375,11 @@ def run_benches(a) -> tuple[dict, dict]:
         thoughts = Thoughts(a.think_tokens) if a.think_tokens > 0 else None
         benches = {}
         for name, cfg in (("strata", strata), ("grpo", grpo)):
-            cfg.model.path = str(model)
+            start_from(cfg, model)
             benches[name] = Measured(cfg, root / name, None if a.plan_as_run else MODELS[a.model], thoughts)
         out = measure(benches, a.iterations, a.repeats)
         # scoring passes per iteration: the reference's (unless kl_coef = 0) and the old policy's
-        passes = {n: int(b.run.ref_params is not None) + int(bool(b.run.config.train.recompute_old_logp))
+        passes = {n: int(b.run.reference_params() is not None) + int(bool(b.run.config.train.recompute_old_logp))
                   for n, b in benches.items()}
         for b in benches.values():
             b.close()

@@ -149,7 +149,7 @@ def base_config(args):
 def run_config(base, arm: str, seed: int, model_path: str):
     """`base` as `arm` (an algorithm, optionally ':variant') with `seed`, at the same trajectories per
     iteration as StraTA's N x M."""
-    from configs.base import validate
+    from configs.base import start_from, validate
 
     algo, variant = parse_arm(arm)
     c = copy.deepcopy(base)
@@ -168,7 +168,7 @@ def run_config(base, arm: str, seed: int, model_path: str):
     if judge_rows > max(c.sampling.batch_buckets):  # the k judgments of every trajectory: one policy call
         c.sampling.batch_buckets = (*c.sampling.batch_buckets, judge_rows)
     c.seed = int(seed)
-    c.model.path = model_path
+    start_from(c, model_path)
     return validate(c)
 
 
@@ -405,7 +405,7 @@ def ablation_config(default, arm: str, seed: int, model_path: str | None):
     (DEFAULT_ARM) starts from that run's SFT model (`model_path`), so the arms of one seed differ
     only in the RL: the strategy selection (farthest-point over SIGMA x N candidates, or N sampled)
     and the self-judgment step penalties. Their strategies are still sampled, revised and trained."""
-    from configs.base import validate
+    from configs.base import start_from, validate
 
     oversample, judgment = ABLATION[arm]
     c = default.get_config()
@@ -417,7 +417,7 @@ def ablation_config(default, arm: str, seed: int, model_path: str | None):
     c.seed = int(seed)
     c.algo.oversample, c.algo.diverse, c.algo.judgment = oversample, oversample > 1, judgment
     if arm != DEFAULT_ARM:
-        c.model.path = str(model_path)
+        start_from(c, model_path)
     return validate(c)
 
 

@@ -18,6 +18,9 @@ TEST_ENVS = ("doors",)
 # Worlds generated from a seed, with a built-in expert: held-out tasks are the seeds past
 # env.eval_seed_offset, and SFT demonstrations come from the expert (no game files, no sft.demos).
 PROCEDURAL_ENVS = ("household", "shop", "doors")
+# Worlds whose SFT warm start needs no `sft.demos`: the procedural ones' experts, and ALFWorld, whose
+# language the household world speaks (rollout/demos.py: household demonstrations).
+EXPERT_DEMOS = (*PROCEDURAL_ENVS, "alfworld")
 CHOICES = {
     "algo.name": ALGOS,
     "algo.milestones": ("facts", "expert_plan"),
@@ -122,6 +125,12 @@ def base_config() -> mlc.ConfigDict:
     m.scan_layers = False
     m.remat = False
     m.attention = "einsum"  # "cudnn": fused flash attention for the update and prefill (GPU, bf16)
+    # LoRA (strata_jax/lora.py): rank > 0 trains adapters on `lora_targets` over the frozen model, the
+    # reference policy is that model (adapters off), the sampler decodes the merged weights; the
+    # SFT warm start still trains every weight. 0 = full fine-tuning.
+    m.lora_rank = 0
+    m.lora_alpha = 16.0
+    m.lora_targets = ("q", "k", "v", "o", "gate", "up", "down")  # any of these projections
     m.tiny_hidden = 64
     m.tiny_layers = 2
     m.tiny_heads = 4
@@ -342,6 +351,12 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     if c.env.shop_page_size < 1 or c.env.shop_products < 1000:
         raise ConfigError(f"config.env.shop_page_size={c.env.shop_page_size} must be >= 1 and "
                           f"config.env.shop_products={c.env.shop_products} >= 1000")
+    targets = tuple(c.model.lora_targets)
+    if c.model.lora_rank < 0 or c.model.lora_alpha <= 0 or not targets or \
+            not set(targets) <= {"q", "k", "v", "o", "gate", "up", "down"} or len(set(targets)) != len(targets):
+        raise ConfigError(f"config.model.lora_rank={c.model.lora_rank!r} must be >= 0, lora_alpha="
+                          f"{c.model.lora_alpha!r} > 0, and lora_targets={targets!r} distinct names among "
+                          "q, k, v, o, gate, up, down")
     if c.model.attention == "cudnn" and c.model.dtype != "bfloat16":
         raise ConfigError(f"config.model.attention='cudnn' needs config.model.dtype='bfloat16', not {c.model.dtype!r}")
     if c.env.reveal_objects and c.env.name != "household":
@@ -471,6 +486,15 @@ def with_algo_env(c: mlc.ConfigDict, algo: str, env: str) -> mlc.ConfigDict:
         c.env.horizon_min, c.env.horizon_max = 3, 9  # L* = 3 + pages turned + options (rollout/envs/shop.py)
     else:
         c.env.max_steps = 30
+    return c
+
+
+def start_from(c: mlc.ConfigDict, model_path) -> mlc.ConfigDict:
+    """c set to start from an already warm-started model (a run's sft_model/): model.path is that
+    directory and SFT is off, so the run does not warm-start it a second time."""
+    c.model.path = str(model_path)
+    c.sft.steps = 0
+    c.sft.read_steps = 0
     return c
 
 

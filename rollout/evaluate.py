@@ -30,7 +30,9 @@ def evaluation_rollout(run: Run, envs, tasks: list[int], temperature: float):
     run.sync_policy()
     run.policy.reseed(int(run.config.seed) + 1, 0)  # the same eval samples for every checkpoint
     run.set_temperature(temperature)
-    cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=False)
+    # The per-step bar (rate and ETA over the episode's steps): a real model's evaluation takes
+    # minutes, and a silent one looks hung.
+    cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=bool(run.config.log.progress))
     return collect(envs, run.policy, tasks, cfg)
 
 
@@ -41,8 +43,12 @@ def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, 
     won = np.asarray(res.traj.won)[:, 0, 0]
     valid = np.asarray(res.traj.traj_mask)[:, 0, 0]
     horizon = np.asarray(res.traj.horizon)
+    steps = np.asarray(res.traj.step_mask) & valid[:, None, None, None]
+    invalid = np.asarray(res.traj.invalid) & steps
     out = {f"{prefix}/success": float(won[valid].mean()) if valid.any() else 0.0,
-           f"{prefix}/tasks": int(valid.sum())}
+           f"{prefix}/tasks": int(valid.sum()),
+           # the share of the steps whose output parsed as an admissible action
+           f"{prefix}/valid_action_rate": float(1.0 - invalid.sum() / max(int(steps.sum()), 1))}
     bk = _bucket_of(horizon)
     for i, name in enumerate(BUCKETS):
         sel = valid & (bk == i)

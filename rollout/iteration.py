@@ -65,7 +65,7 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     kind_s = {k: run.policy.seconds_by_kind[k] - kind0.get(k, 0.0) for k in run.policy.seconds_by_kind}
 
     t1 = time.perf_counter()
-    tb = score_batch(run, res.tokens, run.state.params)
+    tb = score_batch(run, res.tokens, run.state.model_params)
     times["score"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()

@@ -123,20 +123,25 @@ def check_memory(state: TrainState, k: int, available: int, where: str) -> dict:
     """Refuse a population whose state cannot fit; returns the arithmetic.
 
     Resident: K x (params + optimiser state) for the stacked state, plus K x params of gradients
-    while a step runs, plus one reference copy of the params (the KL anchor, shared). Activations
+    while a step runs, plus one reference copy of the params (the KL anchor, shared). With LoRA
+    the stacked params are the adapters, and the frozen base is held once with one merged copy
+    for the sampler (the reference is the base itself). Activations
     come on top (K x one copy's: the mini-batch is per copy), so this is a lower bound: a run it
     refuses cannot work; one it admits may still run out on activations (lower mini_batch_rows or
     raise micro_batches then).
     """
     p, o = tree_bytes(state.params), tree_bytes(state.opt_state)
-    need = k * (p + o + p) + p
-    arith = {"copies": k, "params_bytes": p, "opt_state_bytes": o, "needed_bytes": need, "available_bytes": available}
+    shared = p if state.frozen is None else 2 * tree_bytes(state.frozen)
+    need = k * (p + o + p) + shared
+    arith = {"copies": k, "params_bytes": p, "opt_state_bytes": o, "shared_bytes": shared, "needed_bytes": need,
+             "available_bytes": available}
     if need > available:
         gib = 2.0 ** 30
+        what = "reference params" if state.frozen is None else "frozen base + its merged decode copy"
         raise MemoryError(
             f"population of K={k} copies cannot fit in {where} ({available / gib:.1f} GiB): K x (params "
-            f"{p / gib:.2f} + optimiser state {o / gib:.2f} + gradients {p / gib:.2f} GiB) + reference params "
-            f"{p / gib:.2f} GiB = {need / gib:.1f} GiB before activations; use fewer grid points")
+            f"{p / gib:.2f} + optimiser state {o / gib:.2f} + gradients {p / gib:.2f} GiB) + {what} "
+            f"{shared / gib:.2f} GiB = {need / gib:.1f} GiB before activations; use fewer grid points")
     return arith
 
 
@@ -185,8 +190,10 @@ def copy_step(step_fn):
     to vmap over [K]: a copy past the end of its epoch (active False) keeps its state exactly, step
     counter and rng too, as its separate run makes no such step."""
 
-    def one(state, batch, lam, active):
-        new, metrics = step_fn(state, batch, lam)
+    def one(state, batch, lam, active, frozen=None):
+        # LoRA: the frozen base is shared by every copy (vmapped with in_axes None), never stacked
+        new, metrics = step_fn(state.replace(frozen=frozen), batch, lam)
+        new = new.replace(frozen=None)
         return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, state), metrics
 
     return one
@@ -222,8 +229,10 @@ class Population:
             raise ValueError(f"{self.workdir} holds a single run's checkpoints ({run.ckpt.directory}); a population "
                              "starts from the run's starting model, so give it its own --workdir")
         mesh = run.mesh
-        single = run.state
-        self.memory = check_memory(single, self.k, *available_bytes(mesh))
+        self.memory = check_memory(run.state, self.k, *available_bytes(mesh))
+        # With LoRA the copies stack their adapters only, over one frozen base (TrainState.frozen).
+        self.frozen, single = run.state.frozen, run.state.replace(frozen=None)
+        self.frozen_sh = None if self.frozen is None else train_state_shardings(run.state, mesh).frozen
         single_sh = train_state_shardings(single, mesh)
         self.param_sh = single_sh.params
         self.state_sh = stacked_shardings(single_sh, mesh)
@@ -275,18 +284,26 @@ class Population:
                                 logprob_window=run.window)
         repl = replicated(run.mesh)
         batch_sh = NamedSharding(run.mesh, PartitionSpec(None, ("data", "fsdp")))  # [K, S, ...]: rows split
-        return jax.jit(jax.vmap(copy_step(step_fn)), in_shardings=(self.state_sh, batch_sh, repl, repl),
+        step = jax.jit(jax.vmap(copy_step(step_fn), in_axes=(0, 0, 0, 0, None)),
+                       in_shardings=(self.state_sh, batch_sh, repl, repl, self.frozen_sh),
                        out_shardings=(self.state_sh, repl), donate_argnums=(0,))
+        return lambda state, batch, lam, active: step(state, batch, lam, active, self.frozen)
 
     def copy_params(self, k: int):
+        """Copy k's trained params (with LoRA its adapters)."""
         return jax.device_put(slice_copy(self.state.params, k), self.param_sh)
+
+    def copy_state(self, k: int) -> TrainState:
+        """Copy k as a train state for scoring and sampling (no optimiser state), the base shared."""
+        return TrainState(params=self.copy_params(k), opt_state=None, step=None, rng=None, skipped=None,
+                          frozen=self.frozen)
 
     def view(self, k: int) -> Run:
         """Copy k as a Run for evaluate.evaluate: the shared model, policy and mesh (a shallow copy),
         with the copy's config and params."""
         v = copy.copy(self.run)
         v.config = self.configs[k]
-        v.state = TrainState(params=self.copy_params(k), opt_state=None, step=None, rng=None, skipped=None)
+        v.state = self.copy_state(k)
         return v
 
     # ----------------------------------------------------------------------------------------
@@ -295,15 +312,15 @@ class Population:
         """Copy k's rollout and scores: iteration.iteration_step's first half with copy k's params."""
         run, cfg = self.run, self.configs[k]
         t0 = time.perf_counter()
-        params = self.copy_params(k)
-        run.policy.params = params
+        run.state = self.copy_state(k)  # copy k's params (the scoring's reference reads them too)
+        run.sync_policy()  # the sampler's params: copy k's (with LoRA, merged into the base)
         run.policy.reseed(int(cfg.seed), iteration)
         Run.set_temperature(run, cfg.sampling.temperature, cfg.sampling.strategy_temperature)  # sampling settings are the same for every copy
         tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
         res = collect(envs, run.policy, train_tasks(cfg, iteration, n_train), rollout_config(cfg))
         times = {"rollout": time.perf_counter() - t0}
         t1 = time.perf_counter()
-        tb = score_batch(run, res.tokens, params)  # train.recompute_old_logp is the same for every copy
+        tb = score_batch(run, res.tokens, run.state.model_params)  # train.recompute_old_logp: the same for every copy
         times["score"] = time.perf_counter() - t1
         sample_tok_s = (run.policy.tokens_generated - tok0) / max(run.policy.sample_seconds - s0, 1e-9)
         return res, tb, times, sample_tok_s

@@ -5,20 +5,24 @@ checkpoints it resumes from.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import pathlib
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from rollout.jax_policy import JaxPolicy
 from rollout.scoring import logprob_window
-from rollout.setup import advantage_params, loss_dict, make_mesh, model_settings, rollout_shards
+from rollout.setup import advantage_params, fitted_settings, loss_dict, make_mesh, model_settings, rollout_shards
 from rollout.shards import process_shards
 from rollout.warmstart import model_dir
-from strata_jax import sharding
+from strata_jax import lora, sharding
 from strata_jax.checkpoint import Checkpointer
 from strata_jax.cost import Work
 from strata_jax.models.hf import load_hf_model, load_tokenizer
+from strata_jax.models.qwen2 import Decoder
 from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
                               make_train_step, optimizer_config, uses_reference)
 
@@ -40,9 +44,25 @@ class Run:
         # never waits on another host (docs/TPU.md); one process samples on the global mesh.
         self.local_mesh = self.mesh if self.nproc == 1 else sharding.local_mesh(int(config.mesh.tensor))
         self.model_path = model_dir(config, self.workdir, self.mesh)
+        t = config.train
+        settings, self.memory = model_settings(config), None
+        if for_training:  # the update's memory, checked before the model is loaded (strata_jax/memory.py)
+            settings, self.memory = fitted_settings(
+                config, self.model_path, "the update", int(t.mini_batch_rows) // int(t.micro_batches),
+                max(t.length_buckets), window=logprob_window(config), reference=uses_reference(t),
+                devices=self.mesh.size)
         (graphdef, params), self.mcfg = load_hf_model(self.model_path, mesh=self.mesh, split=True,
-                                                      **model_settings(config))
+                                                      lora_seed=int(config.seed), **settings)
         self.graphdef = graphdef
+        # With LoRA the train state holds the adapters and the frozen base apart (TrainState.frozen),
+        # and the sampler decodes the decoder built without adapters, on merged weights.
+        self.lora = self.mcfg.lora_rank > 0
+        frozen, self.decode_graphdef = None, graphdef
+        if self.lora:
+            params, frozen = lora.split(params)
+            plain = dataclasses.replace(self.mcfg, lora_rank=0)
+            self.decode_graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(plain, rngs=nnx.Rngs(0))))
+            self._merge = jax.jit(functools.partial(lora.merged_params, cfg=self.mcfg))
         # The model whose costs the scoring's and the update's packing plans weigh (attention pairs
         # against tokens, packing.pair_cost): this run's own; bench/iteration.py plans as the model
         # it models.
@@ -50,24 +70,25 @@ class Run:
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         # The reference policy is the starting model; params are donated by the update, so copy.
-        # Without a KL term (train.kl_coef = 0) nothing reads it: no copy, no scoring pass.
-        self.ref_params = jax.tree.map(jnp.copy, params) if uses_reference(config.train) else None
-        t = config.train
+        # Without a KL term (train.kl_coef = 0) nothing reads it: no copy, no scoring pass. With
+        # LoRA it is the frozen base with the adapters off (`reference_params`): no copy either.
+        self.ref_params = jax.tree.map(jnp.copy, params) if uses_reference(t) and not self.lora else None
         ocfg = optimizer_config({"lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
                                  "schedule": t.schedule, "warmup_steps": t.warmup_steps})
         self.optimizer = make_optimizer(ocfg, total_steps=None)
-        self.state = init_train_state(graphdef, params, self.optimizer, int(config.seed), self.mesh)
+        self.state = init_train_state(graphdef, params, self.optimizer, int(config.seed), self.mesh, frozen=frozen)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=1, keep=int(config.checkpoint.keep),
                                  async_save=bool(config.checkpoint.async_save))
         self.start_iteration = 1
         restored = self.ckpt.restore_latest(abstract_train_state(self.state.params, self.optimizer, self.mesh))
         if restored is not None:
-            self.state, extra = restored
+            state, extra = restored
+            self.state = state.replace(frozen=self.state.frozen)  # the base is the model's, not the checkpoint's
             self.start_iteration = int(extra["iteration"]) + 1
         s = config.sampling
         budgets = {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens}
         self._synced = None
-        self.policy = JaxPolicy(graphdef, self._policy_params(), self.tokenizer, budgets,
+        self.policy = JaxPolicy(self.decode_graphdef, self._policy_params(), self.tokenizer, budgets,
                                 prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
                                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
                                 cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix),
@@ -90,13 +111,33 @@ class Run:
             self.ptx_step = make_ptx_step(graphdef, self.optimizer, self.mesh, chunk=int(t.logprob_chunk),
                                           window=self.ptx.window)
 
+    def checkpoint_state(self):
+        """What a checkpoint holds of the train state: everything but the frozen base (LoRA)."""
+        return self.state.replace(frozen=None)
+
+    def reference_params(self):
+        """The reference policy's params for the scoring, None without a KL term: the starting
+        model's copy, or with LoRA the frozen base with every adapter off (the same logits)."""
+        if not uses_reference(self.config.train):
+            return None
+        if self.lora:
+            return lora.join(self.state.frozen, lora.adapters_off(self.state.params))
+        return self.ref_params
+
+    def _decode_params(self):
+        """The params the sampler decodes: the model's, or with LoRA the adapters merged in."""
+        if not self.lora:
+            return self.state.params
+        return self._merge(self.state.frozen, self.state.params)
+
     def _policy_params(self):
         """The sampler's params for the current train state. Several processes: a local replica
         gathered from every process's shards (a collective; see sync_policy)."""
         self._synced = self.state
+        self._decoded = self._decode_params()
         if self.nproc == 1:
-            return self.state.params
-        return sharding.shard_params(sharding.fetch_global(self.state.params), self.local_mesh)
+            return self._decoded
+        return sharding.shard_params(sharding.fetch_global(self._decoded), self.local_mesh)
 
     @property
     def policy_synced(self) -> bool:
@@ -111,7 +152,7 @@ class Run:
         if self._synced is not self.state:
             self.policy.params = self._policy_params()
         elif self.nproc == 1:
-            self.policy.params = self.state.params
+            self.policy.params = self._decoded
 
     def set_temperature(self, temperature: float, strategy_temperature: float | None = None) -> None:
         """Sampling temperature of every call kind; strategy calls get their own when given (>= 0)."""

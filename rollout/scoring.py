@@ -125,8 +125,9 @@ def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
     sampler's own) filled in, 0 off the loss."""
     tokens_np, mask_np = np.asarray(tb.tokens), np.asarray(tb.attention_mask)
     loss_mask = np.asarray(tb.loss_mask)
-    ref = (np.zeros(loss_mask.shape, np.float32) if run.ref_params is None
-           else score_rows(run, run.ref_params, tokens_np, mask_np, loss_mask))
+    ref_params = run.reference_params()
+    ref = (np.zeros(loss_mask.shape, np.float32) if ref_params is None
+           else score_rows(run, ref_params, tokens_np, mask_np, loss_mask))
     old = (score_rows(run, params, tokens_np, mask_np, loss_mask) if run.config.train.recompute_old_logp
            else np.where(loss_mask, np.asarray(tb.old_logp), 0.0).astype(np.float32))
     return tb.replace(ref_logp=ref, old_logp=old)

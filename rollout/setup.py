@@ -48,7 +48,34 @@ def model_settings(config) -> dict:
     warm start and the RL run), so that none of them drops a setting."""
     m = config.model
     return dict(dtype=str(m.dtype), param_dtype=str(m.param_dtype), scan_layers=bool(m.scan_layers),
-                remat=bool(m.remat), attention=str(m.attention))
+                remat=bool(m.remat), attention=str(m.attention), lora_rank=int(m.lora_rank),
+                lora_alpha=float(m.lora_alpha), lora_targets=tuple(m.lora_targets))
+
+
+def fitted_settings(config, hf_dir, what: str, rows: int, length: int, *, train: bool = True,
+                    window: int | None = None, reference: bool = False, devices: int = 1) -> tuple[dict, object]:
+    """`model_settings`, with remat over scanned layers turned on when the phase fits only so
+    (strata_jax/memory.py), and the phase's memory estimate; DoesNotFitError (the arithmetic) when
+    it cannot fit at all. Checked before the model is loaded and any step compiled."""
+    from strata_jax import memory
+    from strata_jax.models.config import ModelConfig
+    from strata_jax.models.hf import load_hf_config
+
+    settings = model_settings(config)
+    if what == "SFT":  # the warm start trains every weight (rollout/warmstart.py)
+        settings["lora_rank"] = 0
+    m = ModelConfig.from_hf(load_hf_config(hf_dir), **settings)
+    available, where = memory.available_bytes()
+    rows_here = max(1, -(-int(rows) // max(int(devices), 1)))
+    remat_now = settings["remat"] and settings["scan_layers"]
+    remat, est = memory.plan(m, what, rows_here, int(length), train=train, remat=remat_now, available=available,
+                             where=where, window=window, chunk=int(config.train.logprob_chunk), reference=reference,
+                             devices=devices)
+    if remat and not remat_now:
+        settings.update(remat=True, scan_layers=True)
+        if config.log.progress:
+            print(f"memory: {what} fits only with remat over scanned layers; turned on: {est.breakdown()}", flush=True)
+    return settings, est
 
 
 def env_kwargs(config, split: str | None = None) -> dict:

@@ -91,7 +91,7 @@ def train(config, workdir) -> dict:
         log.append(row)
         # every process saves: orbax writes each process's own shards of the state
         if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
-            run.ckpt.save(it, run.state, extra={"iteration": it}, force=True)
+            run.ckpt.save(it, run.checkpoint_state(), extra={"iteration": it}, force=True)
         if c.log.plots_every and it % int(c.log.plots_every) == 0 and run.lead:
             _plots(workdir, log.history, title)
         bar.set_postfix(success=f"{row['train/success']:.2f}", ret=f"{row['train/episode_return']:.2f}",
@@ -119,9 +119,10 @@ def _quiet(config):
 def sft_only(config, workdir) -> None:
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    if config.model.path:
-        raise ValueError("launch.py sft builds and warm-starts the tiny model; with config.model.path set, "
-                         "give demonstrations via config.sft.demos and train from that path")
+    from rollout.warmstart import wants_sft
+
+    if not wants_sft(config):
+        raise ValueError("launch.py sft with config.sft.steps=0 and config.sft.read_steps=0 has nothing to do")
     # saved like a training run's, so bench/eval_dump.py and `launch.py eval` can read the workdir
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     path = model_dir(config, workdir, make_mesh(config))
@@ -154,6 +155,24 @@ def export(config, workdir, out_dir) -> pathlib.Path:
         raise ValueError("export runs on one process: drop --config.mesh.distributed (the checkpoint "
                          "restores on any mesh)")
     out = pathlib.Path(out_dir)
+    if run.lora:
+        # The merged model (what the sampler decodes) for anyone, and the adapters alone in PEFT's
+        # format for transformers users who load them onto the base model with `peft`.
+        import dataclasses
+
+        from strata_jax import lora
+        from strata_jax.models.hf import write_safetensors
+
+        plain = dataclasses.replace(run.mcfg, lora_rank=0)
+        export_hf(run._decode_params(), plain, run.tokenizer, out)
+        adapter = out / "adapter"
+        adapter.mkdir(parents=True, exist_ok=True)
+        write_safetensors(adapter / "adapter_model.safetensors", lora.peft_tensors(run.state.params, run.mcfg))
+        (adapter / "adapter_config.json").write_text(json.dumps(lora.peft_config(run.mcfg, str(run.model_path)),
+                                                                indent=2))
+        print(f"exported iteration {run.start_iteration - 1} to {out} (merged) and {adapter} (PEFT adapter, "
+              f"{lora.count(run.state.params)} weights over {run.model_path})")
+        return out
     export_hf(run.state.params, run.mcfg, run.tokenizer, out)
     print(f"exported iteration {run.start_iteration - 1} to {out}")
     return out

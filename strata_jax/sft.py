@@ -91,7 +91,12 @@ def make_ptx_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
 
     def fn(state: TrainState, tokens, attention_mask, loss_mask, coef):
         p_sh = param_shardings(state.params, mesh, rules)
-        loss, grads = jax.value_and_grad(nll)(state.params, graphdef, tokens, attention_mask, loss_mask, chunk, window)
+
+        def loss_of(trained):  # with LoRA, the adapters' NLL over the frozen base (TrainState.frozen)
+            return nll(state.replace(params=trained).model_params, graphdef, tokens, attention_mask, loss_mask,
+                       chunk, window)
+
+        loss, grads = jax.value_and_grad(loss_of)(state.params)
         grads = jax.tree.map(lambda g: coef * g, grads)
 
         def update(params, opt_state):

@@ -41,11 +41,23 @@ SCHEDULES = ("constant", "warmup_cosine")
 
 @struct.dataclass
 class TrainState:
-    params: Any  # nnx.State of nnx.Param
+    params: Any  # nnx.State of nnx.Param: what trains (with LoRA, the adapters alone)
     opt_state: Any  # optax state (its moments keep the Param wrappers, hence their logical axes)
     step: jax.Array  # i32 []: train_step calls so far
     rng: jax.Array  # u32 [2]: raw key data
     skipped: jax.Array  # i32 []: updates skipped for a non-finite loss or gradient
+    # With LoRA (strata_jax/lora.py): the base model's params, passed through every step unchanged
+    # (no gradient, no optimiser state, not checkpointed); None without LoRA.
+    frozen: Any = None
+
+    @property
+    def model_params(self):
+        """The params the model's graphdef merges with: the frozen base and the adapters joined."""
+        if self.frozen is None:
+            return self.params
+        from strata_jax.lora import join
+
+        return join(self.frozen, self.params)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,12 +156,14 @@ def train_state_shardings(state: TrainState, mesh: Mesh, rules: Mapping | None =
     repl = replicated(mesh)
     return TrainState(params=param_shardings(state.params, mesh, rules),
                       opt_state=param_shardings(state.opt_state, mesh, rules),
-                      step=repl, rng=repl, skipped=repl)
+                      step=repl, rng=repl, skipped=repl,
+                      frozen=None if state.frozen is None else param_shardings(state.frozen, mesh, rules))
 
 
 def abstract_train_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
                          rules: Mapping | None = None) -> TrainState:
-    """ShapeDtypeStruct TrainState with shardings: a restore target that allocates nothing.
+    """ShapeDtypeStruct TrainState with shardings: a restore target that allocates nothing (and
+    no frozen base: checkpoints hold what trains, see TrainState.frozen).
 
     `params` may be concrete or abstract (e.g. `nnx.split(nnx.eval_shape(lambda: Decoder(...)))`).
     """
@@ -163,9 +177,16 @@ def abstract_train_state(params: Any, optimizer: optax.GradientTransformation, m
 
 
 def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.GradientTransformation, rng,
-                     mesh: Mesh, rules: Mapping | None = None) -> TrainState:
-    """Place params on the mesh and build the optimiser state *already sharded* (jitted init)."""
-    jax.eval_shape(lambda p: nnx.merge(graphdef, p), params)  # params must fit the graphdef
+                     mesh: Mesh, rules: Mapping | None = None, frozen: Any = None) -> TrainState:
+    """Place params on the mesh and build the optimiser state *already sharded* (jitted init).
+    `frozen`: with LoRA, the base params (`params` are then the adapters; strata_jax/lora.py)."""
+    if frozen is None:
+        jax.eval_shape(lambda p: nnx.merge(graphdef, p), params)  # params must fit the graphdef
+    else:
+        from strata_jax.lora import join
+
+        jax.eval_shape(lambda f, p: nnx.merge(graphdef, join(f, p)), frozen, params)
+        frozen = shard_params(frozen, mesh, rules)
     params = shard_params(params, mesh, rules)
     target = abstract_train_state(params, optimizer, mesh, rules)
     shardings = jax.tree.map(lambda s: s.sharding, target)
@@ -175,7 +196,7 @@ def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradi
                           skipped=jnp.zeros((), jnp.int32))
 
     init = jax.jit(build, in_shardings=(shardings.params, replicated(mesh)), out_shardings=shardings)
-    return init(params, jax.device_put(_raw_key(rng), replicated(mesh)))
+    return init(params, jax.device_put(_raw_key(rng), replicated(mesh))).replace(frozen=frozen)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -478,11 +499,18 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     n_data = mesh.shape["data"] * mesh.shape["fsdp"]
     dsh = data_sharding(mesh)
 
-    def micro_grads(params, mb: TokenBatch | SharedBatch, lam):
-        """Gradient of the loss *sum* on one micro-batch, its count and its metrics."""
+    def micro_grads(params, frozen, mb: TokenBatch | SharedBatch, lam):
+        """Gradient of the loss *sum* on one micro-batch, its count and its metrics. With LoRA
+        (`frozen` not None) the gradient is the adapters' alone: the base is not differentiated."""
         rows = mb.rows if isinstance(mb, (SharedBatch, TreeRows)) else mb
 
-        def f(p):
+        def f(trained):
+            if frozen is None:
+                p = trained
+            else:
+                from strata_jax.lora import join
+
+                p = join(frozen, trained)
             if isinstance(mb, TreeRows):
                 t = mb.tree
                 logp, ent = tree_logprobs(graphdef, p, t.tokens, t.positions, t.end, t.slots, t.targets, t.blocks,
@@ -509,12 +537,12 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
         def body(carry, mb):
             g_acc, c_acc, m_acc = carry
             mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, dsh), mb)
-            g, c, m = micro_grads(state.params, mb, lam)
+            g, c, m = micro_grads(state.params, state.frozen, mb, lam)
             g_acc = jax.tree.map(jnp.add, g_acc, g)
             return (jax.lax.with_sharding_constraint(g_acc, p_sh), c_acc + c, combine_metrics(m_acc, m)), None
 
         first = jax.tree.map(lambda x: x[0], mbs)
-        _, _, m_shape = jax.eval_shape(micro_grads, state.params, first, lam)
+        _, _, m_shape = jax.eval_shape(micro_grads, state.params, state.frozen, first, lam)
         zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, state.params), p_sh)
         init = (zeros, jnp.zeros((), jnp.float32), empty_metrics(m_shape))
         (g_sum, count, m_sum), _ = jax.lax.scan(body, init, mbs)
@@ -541,6 +569,7 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
             step=state.step + 1,
             rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]),
             skipped=skipped,
+            frozen=state.frozen,
         )
         metrics.update(grad_norm=grad_norm, skipped=skipped, tokens=m_sum["ratio_mean"][1],
                        applied=apply.astype(jnp.int32))

@@ -32,6 +32,11 @@ TINY = ["--config.model.tiny_hidden=32", "--config.model.tiny_layers=1", "--conf
 CONFIG = ["--config", str(REPO / "configs" / "tiny_household.py")]
 
 
+def start_from_flags(model) -> list[str]:
+    """The overrides of a run that starts from an already warm-started model (no second SFT)."""
+    return [f"--config.model.path={model}", "--config.sft.steps=0", "--config.sft.read_steps=0"]
+
+
 def launch(*args, timeout=900):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the CLI runs on the plain CPU device, as a user would
@@ -65,7 +70,7 @@ def sft_model(tmp_path_factory):
 def straight_run(sft_model, tmp_path_factory):
     """3 iterations without interruption."""
     work = tmp_path_factory.mktemp("straight")
-    launch(*CONFIG, *SMALL, f"--config.model.path={sft_model}", "--config.iterations=3", "--workdir", str(work))
+    launch(*CONFIG, *SMALL, *start_from_flags(sft_model), "--config.iterations=3", "--workdir", str(work))
     return work
 
 
@@ -90,7 +95,7 @@ def test_train_end_to_end_writes_everything(straight_run, sft_model):
 
 def test_resume_continues_exactly(straight_run, sft_model, tmp_path):
     """Stopped after iteration 2 and restarted: iteration 3 equals the uninterrupted run's."""
-    common = [*CONFIG, *SMALL, f"--config.model.path={sft_model}", "--workdir", str(tmp_path)]
+    common = [*CONFIG, *SMALL, *start_from_flags(sft_model), "--workdir", str(tmp_path)]
     launch(*common, "--config.iterations=2")
     assert [r["iteration"] for r in metrics(tmp_path)] == [0, 1, 2]
     launch(*common, "--config.iterations=3")
@@ -151,7 +156,7 @@ def test_export_loads_in_transformers_with_equal_logits(straight_run, sft_model,
 
     torch.set_num_threads(1)
     out = tmp_path / "exported"
-    launch("export", *CONFIG, *SMALL, f"--config.model.path={sft_model}", "--workdir", str(straight_run),
+    launch("export", *CONFIG, *SMALL, *start_from_flags(sft_model), "--workdir", str(straight_run),
            "--out", str(out))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
@@ -223,7 +228,7 @@ def test_ptx_and_type_stratified_run_resumes_exactly(sft_model, tmp_path):
     reports no KL."""
     extra = ["--config.train.ptx_coef=0.5", "--config.train.ptx_rows=4", "--config.train.ptx_tasks=4",
              "--config.algo.task_sampling=by_type", "--config.eval.every=0", "--config.train.kl_coef=0"]
-    common = [*CONFIG, *SMALL, *extra, f"--config.model.path={sft_model}"]
+    common = [*CONFIG, *SMALL, *extra, *start_from_flags(sft_model)]
     launch(*common, "--config.iterations=2", "--workdir", str(tmp_path / "straight"))
     launch(*common, "--config.iterations=1", "--workdir", str(tmp_path / "split"))
     launch(*common, "--config.iterations=2", "--workdir", str(tmp_path / "split"))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from configs.base import validate
+from configs.base import start_from
 from configs.tiny_doors import doors
 
 ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
@@ -28,7 +29,8 @@ def doors_config(algo: str, model_path: str = "") -> object:
     c = doors(algo)
     assert c.iterations == ITERATIONS
     c.seed = 0
-    c.model.path = model_path
+    if model_path:  # a warm-started model: no second SFT
+        start_from(c, model_path)
     c.eval.every = 0
     c.checkpoint.every = ITERATIONS
     c.log.progress = False

@@ -240,9 +240,11 @@ def test_ablation_arms_differ_from_the_default_only_in_selection_and_judgment(le
         c = _config_dict(learning.ablation_config(default, arm, 2, "/m/sft_model"))
         assert (c["algo"]["oversample"], c["algo"]["diverse"], c["algo"]["judgment"]) == (oversample, diverse, judgment)
         assert c["model"]["path"] == "/m/sft_model"
+        assert c["sft"]["steps"] == c["sft"]["read_steps"] == 0  # the default's SFT model is not warm-started again
         for k in ("oversample", "diverse", "judgment"):
             c["algo"][k] = ref["algo"][k]
         c["model"]["path"] = ""
+        c["sft"]["steps"], c["sft"]["read_steps"] = ref["sft"]["steps"], ref["sft"]["read_steps"]
         assert c == ref, arm
 
 

@@ -20,7 +20,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.test_launch import CONFIG, REPO, SMALL, TINY, launch
+from tests.test_launch import CONFIG, REPO, SMALL, TINY, launch, start_from_flags
 
 # --- merging rollout shards ---------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ def two_process_and_reference(tmp_path_factory):
     sft = tmp_path_factory.mktemp("mp_sft")
     launch("sft", *CONFIG, *TINY, *SMALL, "--workdir", str(sft))
     model = sft / "sft_model"
-    common = [*CONFIG, *SMALL, *ITERATIONS, f"--config.model.path={model}"]
+    common = [*CONFIG, *SMALL, *ITERATIONS, *start_from_flags(model)]
     multi, single = tmp_path_factory.mktemp("mp_two"), tmp_path_factory.mktemp("mp_one")
     dist = ["--config.mesh.distributed=True", f"--config.mesh.coordinator_address=localhost:{_free_port()}",
             "--config.mesh.num_processes=2"]

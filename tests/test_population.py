@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs.base import start_from
 from rollout import population, trainer
 from rollout.run import Run
 from rollout.setup import make_mesh
@@ -110,11 +111,11 @@ def test_population_equals_separate_runs_and_resumes_exactly(model_path, tmp_pat
     separate = []
     for v in values:
         c = small_config(invalid_penalty=v)
-        c.model.path = model_path
+        start_from(c, model_path)
         trainer.train(c, tmp_path / f"sep_{v}")
         separate.append(Run(c, tmp_path / f"sep_{v}", for_training=False).state)
     c = small_config()
-    c.model.path = model_path
+    start_from(c, model_path)
     work = tmp_path / "pop"
     population.train_population(c, work, GRID)
 

@@ -14,6 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
+from configs.base import start_from
 from rollout import ablate, trainer
 from rollout.setup import advantage_params, make_mesh
 from rollout.warmstart import model_dir
@@ -39,7 +40,7 @@ def model_path(tmp_path_factory, compile_cache):  # noqa: F811
 def straight(model_path, tmp_path_factory):
     work = tmp_path_factory.mktemp("straight15")
     c = config(2)
-    c.model.path = model_path
+    start_from(c, model_path)
     trainer.train(c, work)
     return work
 
@@ -72,7 +73,7 @@ def test_resume_with_revisions_continues_exactly(straight, model_path, tmp_path)
     shutil.copytree(straight, killed)
     shutil.rmtree(killed / "checkpoints" / "2")
     c = config(2)
-    c.model.path = model_path
+    start_from(c, model_path)
     trainer.train(c, killed)
     assert _metrics(killed)[0] == _metrics(straight)[0]  # iteration 1 was kept (its timings too), not redone
     a, b = _metrics(killed)[1], _metrics(straight)[1]

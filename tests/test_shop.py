@@ -487,7 +487,8 @@ def test_strata_and_beacon_iterate_on_shop_through_launch(tmp_path):
     info = json.loads((sft / "sft_info.json").read_text())
     assert info["steps"] == 3 and info["rows"] > 8
     _launch(*config, *SMALL, "--config.algo.name=beacon", "--config.algo.judgment=False",
-            "--config.algo.diverse=False", f"--config.model.path={sft}", "--workdir", str(runs["beacon"]))
+            "--config.algo.diverse=False", f"--config.model.path={sft}", "--config.sft.steps=0",
+            "--config.sft.read_steps=0", "--workdir", str(runs["beacon"]))
     for name, work in runs.items():
         rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
         last = rows[-1]

@@ -78,7 +78,7 @@ def test_score_batch_runs_the_reference_pass_only_with_reference_params(model, r
     ref_params = jax.tree.map(lambda x: x * 0.5, params)  # a reference that differs from the policy
     run = _fake_run(graphdef, 4, 6)
     run.config.train.recompute_old_logp = True
-    run.ref_params = ref_params if reference else None
+    run.reference_params = lambda: ref_params if reference else None
     tb = types.SimpleNamespace(tokens=pk["tokens"], attention_mask=pk["attention_mask"], loss_mask=pk["loss_mask"],
                                old_logp=np.zeros(pk["tokens"].shape, np.float32),
                                replace=lambda **kw: kw)

@@ -40,7 +40,7 @@ import zlib
 from collections import Counter, OrderedDict, defaultdict
 from typing import Any
 
-from rollout.envs.base import EnvError, TextEnv
+from rollout.envs.base import EnvError, GamesNotFoundError, TextEnv
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 MILESTONE_MODES = ("facts", "expert_plan")
@@ -234,7 +234,7 @@ def list_games(data_dir: str, split: str) -> list[str]:
     split_dir = os.path.join(root, split)
     if not os.path.isdir(split_dir):
         archive = "train.tar.xz" if split == "train" else "eval.tar.xz"
-        raise EnvError(
+        raise GamesNotFoundError(
             f"ALFWorld games not found: {split_dir} does not exist. Unpack them into the data dir: "
             f"tar xJf ../shared/data/alfworld/{archive} -C {data_dir}")
     games = []
@@ -244,7 +244,7 @@ def list_games(data_dir: str, split: str) -> list[str]:
                 continue  # AlfredTWEnv skips these too
             games.append(os.path.relpath(dirpath, root))
     if not games:
-        raise EnvError(f"no ALFWorld games (traj_data.json + game.tw-pddl) under {split_dir}")
+        raise GamesNotFoundError(f"no ALFWorld games (traj_data.json + game.tw-pddl) under {split_dir}")
     return sorted(games)
 
 

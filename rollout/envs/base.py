@@ -44,6 +44,10 @@ class EnvError(RuntimeError):
     """An environment failed (crashed engine, missing game files); the message says which."""
 
 
+class GamesNotFoundError(EnvError):
+    """The environment's game files are not where the config says (raised before any episode)."""
+
+
 class TextEnv(gym.Env):
     """Base class: observation and action spaces are printable text."""
 

@@ -15,6 +15,9 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+# The projections a LoRA adapter may sit on, by short name -> the HF / PEFT module name.
+LORA_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+                "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -60,8 +63,18 @@ class ModelConfig:
     # "xla" the same function's reference path. Every call with more than one query uses it, with
     # or without a cache; decode steps (one query on a cache) use the einsum.
     attention: str = "einsum"
+    # LoRA adapters (strata_jax/lora.py): rank 0 = none. Each targeted projection W gets
+    # W x + (alpha / rank) * B A x, A [in, rank] random, B [rank, out] zero at the start.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple = tuple(LORA_TARGETS)
 
     def __post_init__(self):
+        if self.lora_rank < 0:
+            raise ConfigError(f"model lora_rank={self.lora_rank} must be >= 0")
+        unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if unknown or (self.lora_rank and not self.lora_targets):
+            raise ConfigError(f"model lora_targets={self.lora_targets!r}: choose from {list(LORA_TARGETS)}")
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(f"model attention {self.attention!r} is not one of {list(ATTENTION_IMPLS)}")
         if self.attention == "cudnn" and self.dtype not in ("bfloat16", "float16"):
@@ -77,7 +90,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, config: dict, dtype: str = "float32", param_dtype: str = "float32",
-                scan_layers: bool = False, remat: bool = False, attention: str = "einsum") -> "ModelConfig":
+                scan_layers: bool = False, remat: bool = False, attention: str = "einsum", lora_rank: int = 0,
+                lora_alpha: float = 16.0, lora_targets=tuple(LORA_TARGETS)) -> "ModelConfig":
         """Build from a transformers config.json dict (transformers 4 or 5 layout)."""
         if not isinstance(config, dict):
             raise ConfigError(f"ModelConfig.from_hf: expected a config.json dict, got {type(config).__name__}")
@@ -132,7 +146,14 @@ class ModelConfig:
             scan_layers=bool(scan_layers),
             remat=bool(remat),
             attention=str(attention),
+            lora_rank=int(lora_rank),
+            lora_alpha=float(lora_alpha),
+            lora_targets=tuple(str(t) for t in lora_targets),
         )
+
+    @property
+    def lora_scale(self) -> float:
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     def to_hf(self) -> dict:
         """The transformers 5 config.json dict for this model (used by export)."""

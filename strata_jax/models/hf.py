@@ -64,18 +64,30 @@ _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 def read_safetensors(path) -> dict[str, np.ndarray]:
     """name -> read-only memory-mapped array (nothing is read until a tensor is used)."""
     path = pathlib.Path(path)
-    with open(path, "rb") as f:
-        (n,) = _struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+    try:
+        with open(path, "rb") as f:
+            (n,) = _struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (_struct.error, ValueError, MemoryError, OverflowError) as e:
+        raise CheckpointMismatchError(f"{path}: not a safetensors file, its header is unreadable "
+                                      f"({type(e).__name__}: {e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointMismatchError(f"{path}: not a safetensors file, its header is not a JSON object")
     header.pop("__metadata__", None)
     if not header:
         return {}
     raw = np.memmap(path, dtype=np.uint8, mode="r")
+    have = len(raw) - 8 - n  # data bytes on disk
     out = {}
     for name, info in header.items():
         if info["dtype"] not in _ST_DTYPES:
             raise CheckpointMismatchError(f"{path.name}: tensor {name!r} has unsupported dtype {info['dtype']}")
         start, end = info["data_offsets"]
+        want = math.prod(info["shape"]) * _ST_DTYPES[info["dtype"]].itemsize
+        if end - start != want or end > have:
+            raise CheckpointMismatchError(
+                f"{path}: tensor {name!r} needs data bytes [{start}, {end}) of {want} but the file holds {have} "
+                "(the file is truncated or corrupt)")
         buf = raw[8 + n + start: 8 + n + end]
         out[name] = buf.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
     return out
@@ -239,18 +251,24 @@ def _leaf(x):
 
 def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", mesh=None, rules=None,
                   scan_layers: bool = False, remat: bool = False, attention: str = "einsum",
-                  shardings: Any | Callable | None = None, split: bool = False):
+                  shardings: Any | Callable | None = None, split: bool = False, lora_rank: int = 0,
+                  lora_alpha: float = 16.0, lora_targets=None, lora_seed: int = 0):
     """Read config.json + safetensors into a Decoder, placed in its target sharding.
 
     shardings: a pytree of `jax.sharding.Sharding` matching nnx.state(model, nnx.Param), or a
       callable(abstract_state) -> that pytree (how strata_jax.sharding supplies it); else
       `mesh` + `rules` (logical name -> mesh axis; default strata_jax.sharding.DEFAULT_RULES) go
       through strata_jax.sharding.param_shardings; else everything on one device.
+    lora_rank > 0: the decoder carries LoRA adapters (strata_jax/lora.py) on `lora_targets`, which
+      no checkpoint holds: A is drawn from `lora_seed`, B is zero (the model is the checkpoint's).
     Returns (model, cfg), or ((graphdef, params), cfg) when split=True.
     """
+    from strata_jax.models.config import LORA_TARGETS
+
     path = pathlib.Path(path)
     cfg = ModelConfig.from_hf(load_hf_config(path), dtype=dtype, param_dtype=param_dtype,
-                              scan_layers=scan_layers, remat=remat, attention=attention)
+                              scan_layers=scan_layers, remat=remat, attention=attention, lora_rank=lora_rank,
+                              lora_alpha=lora_alpha, lora_targets=tuple(lora_targets or LORA_TARGETS))
     tensors = _open_checkpoint(path)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract, nnx.Param)
@@ -265,6 +283,12 @@ def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", me
         used.update(names)
         values[our_path] = jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx])
     _check_extra(tensors, used, cfg)
+    if cfg.lora_rank:
+        from strata_jax.lora import init_adapters
+
+        adapters = init_adapters(nnx.split_state(abs_state, nnx.LoRAParam, ...)[0], int(lora_seed))
+        for p, var in nnx.to_flat_state(adapters):
+            values[tuple(p)] = jax.device_put(_leaf(var), _leaf(shard_tree[tuple(p)]))
     # New Variables (same metadata): the abstract state handed to `shardings` stays abstract.
     params = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in abs_flat.items()])
     if split:

@@ -117,16 +117,30 @@ class Dense(nnx.Module):
     """x[..., *in_shape] @ kernel[*in_shape, *out_shape] (+ bias[*out_shape])."""
 
     def __init__(self, in_shape: tuple, out_shape: tuple, in_axes: tuple, out_axes: tuple,
-                 use_bias: bool, cfg: ModelConfig, rngs: nnx.Rngs):
+                 use_bias: bool, cfg: ModelConfig, rngs: nnx.Rngs, target: str | None = None):
         init = nnx.initializers.normal(cfg.initializer_range)
         self.n_in = len(in_shape)
         self.dtype = cfg.compute_dtype
         self.kernel = _param(init(rngs.params(), (*in_shape, *out_shape), cfg.params_dtype),
                              (*in_axes, *out_axes))
         self.bias = _param(jnp.zeros(out_shape, cfg.params_dtype), out_axes) if use_bias else None
+        self.lora_scale = cfg.lora_scale
+        # flax's LoRA module holds the adapter (A [in, r] random, B [r, out] zero) as nnx.LoRAParam,
+        # which strata_jax/lora.py filters on; its axes stay unnamed (an adapter is small:
+        # replicated on any mesh). Assigned once: an attribute is data or static from then on.
+        meta = {"out_sharding": (None, None), "eager_sharding": False}
+        self.lora = (nnx.LoRA(math.prod(in_shape), cfg.lora_rank, math.prod(out_shape), rngs=rngs,
+                              param_dtype=cfg.params_dtype, a_metadata=meta, b_metadata=meta)
+                     if cfg.lora_rank and target in cfg.lora_targets else None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return _dense(x, self.kernel, self.bias, self.dtype, self.n_in)
+        y = _dense(x, self.kernel, self.bias, self.dtype, self.n_in)
+        if self.lora is None:
+            return y
+        lead = x.shape[: x.ndim - self.n_in]
+        xf = x.reshape(*lead, -1).astype(self.dtype)
+        a, b = self.lora.lora_a[...].astype(self.dtype), self.lora.lora_b[...].astype(self.dtype)
+        return y + (self.lora_scale * ((xf @ a) @ b)).reshape(y.shape)
 
 
 def _dense(x, kernel, bias, dtype, n_in: int = 1) -> jax.Array:
@@ -155,10 +169,10 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg = cfg
-        self.q_proj = Dense((d,), (h, dh), ("embed",), ("heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
-        self.k_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
-        self.v_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs)
-        self.o_proj = Dense((h, dh), (d,), ("heads", "head_dim"), ("embed",), cfg.o_bias, cfg, rngs)
+        self.q_proj = Dense((d,), (h, dh), ("embed",), ("heads", "head_dim"), cfg.qkv_bias, cfg, rngs, target="q")
+        self.k_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs, target="k")
+        self.v_proj = Dense((d,), (k, dh), ("embed",), ("kv_heads", "head_dim"), cfg.qkv_bias, cfg, rngs, target="v")
+        self.o_proj = Dense((h, dh), (d,), ("heads", "head_dim"), ("embed",), cfg.o_bias, cfg, rngs, target="o")
 
     def __call__(self, x, cos, sin, mask, ks, vs, layer, cache_index, last_only: bool = False):
         """x [B, T, D]; mask [B, T, S'] bool; ks, vs this layer's caches [B, K, S, Dh] (layer None),
@@ -270,9 +284,9 @@ def _cache_start(cache_index):
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = Dense((d,), (f,), ("embed",), ("mlp",), cfg.mlp_bias, cfg, rngs)
-        self.up_proj = Dense((d,), (f,), ("embed",), ("mlp",), cfg.mlp_bias, cfg, rngs)
-        self.down_proj = Dense((f,), (d,), ("mlp",), ("embed",), cfg.mlp_bias, cfg, rngs)
+        self.gate_proj = Dense((d,), (f,), ("embed",), ("mlp",), cfg.mlp_bias, cfg, rngs, target="gate")
+        self.up_proj = Dense((d,), (f,), ("embed",), ("mlp",), cfg.mlp_bias, cfg, rngs, target="up")
+        self.down_proj = Dense((f,), (d,), ("mlp",), ("embed",), cfg.mlp_bias, cfg, rngs, target="down")
 
     def __call__(self, x):  # [B, T, D]
         if getattr(self, "gate_up", None) is not None:  # prepare_decode's fused [D, 2, F] kernel
@@ -523,6 +537,9 @@ def prepare_decode(model: Decoder, fuse: bool = True) -> Decoder:
     the end). The copies cost one pass over the weights per call, against one read per step.
     """
     cfg = model.cfg
+    if cfg.lora_rank:  # the fused kernels would drop the adapters: decode their merge instead
+        raise ValueError("prepare_decode: the model has LoRA adapters; decode the merged model "
+                         "(strata_jax.lora.merged_params with the model built without adapters)")
     dtype = cfg.compute_dtype
     for _, var in nnx.iter_graph(model):
         if isinstance(var, nnx.Param):
