@@ -21,6 +21,7 @@ from rollout.warmstart import model_dir
 from strata_jax import lora, sharding
 from strata_jax.checkpoint import Checkpointer
 from strata_jax.cost import Work
+from strata_jax.memory import DoesNotFitError
 from strata_jax.models.hf import load_hf_model, load_tokenizer
 from strata_jax.models.qwen2 import Decoder
 from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
@@ -45,12 +46,18 @@ class Run:
         self.local_mesh = self.mesh if self.nproc == 1 else sharding.local_mesh(int(config.mesh.tensor))
         self.model_path = model_dir(config, self.workdir, self.mesh)
         t = config.train
-        settings, self.memory = model_settings(config), None
-        if for_training:  # the update's memory, checked before the model is loaded (strata_jax/memory.py)
+        # The update's memory, checked before the model is loaded (strata_jax/memory.py). An
+        # evaluation or export plans the same way: remat over scanned layers, when the plan turns
+        # it on, also changes the layout of the checkpoints it restores.
+        try:
             settings, self.memory = fitted_settings(
                 config, self.model_path, "the update", int(t.mini_batch_rows) // int(t.micro_batches),
                 max(t.length_buckets), window=logprob_window(config), reference=uses_reference(t),
                 devices=self.mesh.size)
+        except DoesNotFitError:
+            if for_training:
+                raise
+            settings, self.memory = model_settings(config), None  # no update will run: nothing was saved by one
         (graphdef, params), self.mcfg = load_hf_model(self.model_path, mesh=self.mesh, split=True,
                                                       lora_seed=int(config.seed), **settings)
         self.graphdef = graphdef
