@@ -507,16 +507,16 @@ def apply_overrides(c: mlc.ConfigDict, items) -> mlc.ConfigDict:
         key, eq, value = item.partition("=")
         if not eq:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        node, *path = key.split(".")
+        *parents, leaf = key.split(".")
         try:
-            target = c[node]
-            for name in path[:-1]:
+            target = c
+            for name in parents:
                 target = target[name]
-            target[path[-1]]  # noqa: B018  (an unknown key raises here)
+            target[leaf]  # noqa: B018  (an unknown key raises here)
         except (KeyError, AttributeError, IndexError):
             raise ConfigError(f"--set {item!r}: the config has no key {key!r}") from None
         try:
-            target[path[-1]] = ast.literal_eval(value)
+            target[leaf] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            target[path[-1]] = value
+            target[leaf] = value
     return c

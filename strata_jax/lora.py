@@ -82,14 +82,16 @@ def adapters_off(adapters):
 
 
 def init_adapters(abstract_adapters, seed: int):
-    """Concrete adapters for an abstract adapters state: A drawn as flax's LoRA draws it (variance
-    scaling over the input dimension), B zero, so the adapted model starts as the base model."""
-    init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=-2, out_axis=-1)
+    """Concrete adapters for an abstract adapters state: A drawn as flax's LoRA draws it (He
+    uniform over the input dimension; a stacked [L] axis of scan_layers is a batch axis, not
+    fan-in), B zero, so the adapted model starts as the base model."""
     key = jax.random.key(seed)
     out = []
     for i, (k, v) in enumerate(nnx.to_flat_state(abstract_adapters)):
         shape, dtype = v.get_value().shape, v.get_value().dtype
         if k[-1] == "lora_a":
+            init = nnx.initializers.variance_scaling(2.0, "fan_in", "uniform", in_axis=-2, out_axis=-1,
+                                                     batch_axis=tuple(range(len(shape) - 2)))
             value = init(jax.random.fold_in(key, i), shape, dtype)
         else:
             value = jnp.zeros(shape, dtype)

@@ -44,7 +44,7 @@ def test_the_embedded_default_is_the_signpost_corridor_with_a_revision_at_the_si
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_config_validates(path):
     c = validate(_load(path))
-    if path.stem != "base" and not path.stem.startswith("tiny_"):
+    if path.stem != "base" and not path.stem.startswith(("tiny_", "smol_")):  # model-sized configs
         algo, env = c.algo.name.replace("+", "_"), c.env.name
         assert path.stem == f"{algo}_{env}"
         # ALGORITHMS.md section 7: ALFWorld max steps 50 (BEACON 30); synthetic 30.
