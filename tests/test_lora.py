@@ -38,6 +38,7 @@ from flax import nnx
 from configs.base import apply_overrides
 from strata_jax import lora, memory
 from strata_jax.models.hf import load_hf_config, load_hf_model
+from tests.test_hf import _batch as hf_batch
 from strata_jax.models.config import ModelConfig
 from strata_jax.models.tiny import make_tiny_model
 from tests.test_launch import CONFIG, launch, metrics
@@ -60,14 +61,9 @@ def tiny(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2", TEXTS, tie=True, **SMALL)
 
 
-def _batch(vocab, b=3, t=12):
-    """Left-padded rows (row 1 has 4 padding columns) and their positions."""
-    rng = np.random.default_rng(0)
-    mask = np.ones((b, t), bool)
-    mask[1, :4] = False
-    tokens = np.where(mask, rng.integers(1, vocab, size=(b, t)), 0).astype(np.int32)
-    pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-    return tokens, pos, mask
+def _batch(vocab):
+    """Three left-padded rows (row 1 has 4 padding columns) and their positions."""
+    return hf_batch(vocab, b=3)
 
 
 @functools.partial(jax.jit, static_argnums=0)
