@@ -131,13 +131,14 @@ def check_memory(state: TrainState, k: int, available: int, where: str) -> dict:
     raise micro_batches then).
     """
     p, o = tree_bytes(state.params), tree_bytes(state.opt_state)
-    shared = p if state.frozen is None else 2 * tree_bytes(state.frozen)
+    frozen = getattr(state, "frozen", None)
+    shared = p if frozen is None else 2 * tree_bytes(frozen)
     need = k * (p + o + p) + shared
     arith = {"copies": k, "params_bytes": p, "opt_state_bytes": o, "shared_bytes": shared, "needed_bytes": need,
              "available_bytes": available}
     if need > available:
         gib = 2.0 ** 30
-        what = "reference params" if state.frozen is None else "frozen base + its merged decode copy"
+        what = "reference params" if frozen is None else "frozen base + its merged decode copy"
         raise MemoryError(
             f"population of K={k} copies cannot fit in {where} ({available / gib:.1f} GiB): K x (params "
             f"{p / gib:.2f} + optimiser state {o / gib:.2f} + gradients {p / gib:.2f} GiB) + {what} "

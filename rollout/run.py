@@ -58,6 +58,10 @@ class Run:
             if for_training:
                 raise
             settings, self.memory = model_settings(config), None  # no update will run: nothing was saved by one
+        if for_training:  # the scoring: a forward over mini_batch_rows rows per device, no remat to help it
+            fitted_settings(config, self.model_path, "the scoring", int(t.mini_batch_rows), max(t.length_buckets),
+                            train=False, window=logprob_window(config), reference=uses_reference(t),
+                            devices=self.mesh.size)
         (graphdef, params), self.mcfg = load_hf_model(self.model_path, mesh=self.mesh, split=True,
                                                       lora_seed=int(config.seed), **settings)
         self.graphdef = graphdef

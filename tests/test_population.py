@@ -230,3 +230,9 @@ def test_memory_check_refuses_only_what_cannot_fit():
     # 1.9B params (7.6 GB): 4 x 4 x 7.6 + 7.6 = 129.2 GB = 120.3 GiB > 100 GiB
     with pytest.raises(MemoryError, match=r"K=4 copies cannot fit in 1 x H200 \(100\.0 GiB\).* = 120\.3 GiB"):
         population.check_memory(state(1_900_000_000), 4, 100 * 2 ** 30, "1 x H200")
+    # LoRA: 4 copies of 10M adapters (4 x 4 x 40 MB) over one 1.9B base held twice (frozen + merged
+    # decode copy, 2 x 7.6 GB): 15.84 GB, where full fine-tuning needed 129.2 GB
+    lora = state(10_000_000)
+    lora.frozen = {"w": jax.ShapeDtypeStruct((1_900_000_000,), jnp.float32)}
+    fits = population.check_memory(lora, 4, 100 * 2 ** 30, "1 x H200")
+    assert fits["needed_bytes"] == 4 * 4 * 40_000_000 + 2 * 7_600_000_000
