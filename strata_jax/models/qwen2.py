@@ -140,7 +140,8 @@ class Dense(nnx.Module):
         lead = x.shape[: x.ndim - self.n_in]
         xf = x.reshape(*lead, -1).astype(self.dtype)
         a, b = self.lora.lora_a[...].astype(self.dtype), self.lora.lora_b[...].astype(self.dtype)
-        return y + (self.lora_scale * ((xf @ a) @ b)).reshape(y.shape)
+        # through `linear`, whose kernel gradient XLA:CPU runs without transposing dy (linear.py)
+        return y + (self.lora_scale * linear(linear(xf, a), b)).reshape(y.shape)
 
 
 def _dense(x, kernel, bias, dtype, n_in: int = 1) -> jax.Array:
