@@ -135,7 +135,7 @@ class Run:
             return lora.join(self.state.frozen, lora.adapters_off(self.state.params))
         return self.ref_params
 
-    def _decode_params(self):
+    def decode_params(self):
         """The params the sampler decodes: the model's, or with LoRA the adapters merged in."""
         if not self.lora:
             return self.state.params
@@ -145,7 +145,7 @@ class Run:
         """The sampler's params for the current train state. Several processes: a local replica
         gathered from every process's shards (a collective; see sync_policy)."""
         self._synced = self.state
-        self._decoded = self._decode_params()
+        self._decoded = self.decode_params()
         if self.nproc == 1:
             return self._decoded
         return sharding.shard_params(sharding.fetch_global(self._decoded), self.local_mesh)

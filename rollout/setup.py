@@ -53,17 +53,17 @@ def model_settings(config) -> dict:
 
 
 def fitted_settings(config, hf_dir, what: str, rows: int, length: int, *, train: bool = True,
-                    window: int | None = None, reference: bool = False, devices: int = 1) -> tuple[dict, object]:
-    """`model_settings`, with remat over scanned layers turned on when the phase fits only so
-    (strata_jax/memory.py), and the phase's memory estimate; DoesNotFitError (the arithmetic) when
-    it cannot fit at all. Checked before the model is loaded and any step compiled."""
+                    window: int | None = None, reference: bool = False, devices: int = 1,
+                    settings: dict | None = None) -> tuple[dict, object]:
+    """`settings` (default `model_settings(config)`), with remat over scanned layers turned on when
+    the phase fits only so (strata_jax/memory.py), and the phase's memory estimate;
+    DoesNotFitError (the arithmetic) when it cannot fit at all. Checked before the model is loaded
+    and any step compiled."""
     from strata_jax import memory
     from strata_jax.models.config import ModelConfig
     from strata_jax.models.hf import load_hf_config
 
-    settings = model_settings(config)
-    if what == "SFT":  # the warm start trains every weight (rollout/warmstart.py)
-        settings["lora_rank"] = 0
+    settings = dict(model_settings(config) if settings is None else settings)
     m = ModelConfig.from_hf(load_hf_config(hf_dir), **settings)
     available, where = memory.available_bytes()
     rows_here = max(1, -(-int(rows) // max(int(devices), 1)))

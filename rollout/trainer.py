@@ -8,6 +8,7 @@ checkpoint after iteration i holds the train state, and the run restarts at i + 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -155,26 +156,19 @@ def export(config, workdir, out_dir) -> pathlib.Path:
         raise ValueError("export runs on one process: drop --config.mesh.distributed (the checkpoint "
                          "restores on any mesh)")
     out = pathlib.Path(out_dir)
-    if run.lora:
-        # The merged model (what the sampler decodes) for anyone, and the adapters alone in PEFT's
-        # format for transformers users who load them onto the base model with `peft`.
-        import dataclasses
-
+    # The model the sampler decodes (with LoRA, the adapters merged in) for anyone ...
+    export_hf(run.decode_params(), dataclasses.replace(run.mcfg, lora_rank=0), run.tokenizer, out)
+    print(f"exported iteration {run.start_iteration - 1} to {out}")
+    if run.lora:  # ... and the adapters alone in PEFT's format, for `peft` over the base model
         from strata_jax import lora
         from strata_jax.models.hf import write_safetensors
 
-        plain = dataclasses.replace(run.mcfg, lora_rank=0)
-        export_hf(run._decode_params(), plain, run.tokenizer, out)
         adapter = out / "adapter"
         adapter.mkdir(parents=True, exist_ok=True)
         write_safetensors(adapter / "adapter_model.safetensors", lora.peft_tensors(run.state.params, run.mcfg))
         (adapter / "adapter_config.json").write_text(json.dumps(lora.peft_config(run.mcfg, str(run.model_path)),
                                                                 indent=2))
-        print(f"exported iteration {run.start_iteration - 1} to {out} (merged) and {adapter} (PEFT adapter, "
-              f"{lora.count(run.state.params)} weights over {run.model_path})")
-        return out
-    export_hf(run.state.params, run.mcfg, run.tokenizer, out)
-    print(f"exported iteration {run.start_iteration - 1} to {out}")
+        print(f"PEFT adapter ({lora.count(run.state.params)} weights over {run.model_path}): {adapter}")
     return out
 
 

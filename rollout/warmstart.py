@@ -23,7 +23,7 @@ import optax
 from tqdm.auto import tqdm
 
 from configs.base import EXPERT_DEMOS
-from rollout.setup import fitted_settings
+from rollout.setup import fitted_settings, model_settings
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
 from strata_jax.sft import make_sft_step, read_token_weights
@@ -161,9 +161,10 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     window = max(len(r) for _, r in rows)
     # The model settings the RL run uses (a real model's SFT needs remat and the fused attention on
     # a GPU as much as its update does), with remat turned on if the longest batch needs it.
+    # The warm start trains every weight; LoRA (model.lora_rank) is the RL update's.
     settings, est = fitted_settings(config, init_dir, "SFT", int(config.sft.batch_rows), max(groups), window=window,
-                                    devices=mesh.size if mesh is not None else 1)
-    settings["lora_rank"] = 0  # the warm start trains every weight; LoRA is the RL update's
+                                    devices=mesh.size if mesh is not None else 1,
+                                    settings={**model_settings(config), "lora_rank": 0})
     (graphdef, params), mcfg = load_hf_model(init_dir, mesh=mesh, split=True, **settings)
     pad_id = int(tok.pad_token_id or 0)
     rng = np.random.default_rng(int(config.seed) + 7)

@@ -13,8 +13,8 @@ built. `estimate` gives the arithmetic first, per device, in bytes:
   (SmolLM2-135M at 4 x 512 tokens: 6.19 GB of temporaries with remat, 6.54 GB without; scanned,
   0.98 GB), so `plan` turns both on together;
 - the vocabulary head: [rows, window, chunk] float32 logits and their gradient
-  (strata_jax/models/heads.py runs it in vocabulary chunks);
-- attention scores [rows, heads, T, T] float32 with the einsum attention (none with the fused
+  (strata_jax/models/heads.py runs it in vocabulary chunks). The einsum attention's
+  [rows, heads, T, T] scores are counted per token with the activations (none with the fused
   kernels, which never materialise them).
 
 `plan` picks remat where the run needs it, or refuses with the arithmetic (`DoesNotFitError`).
@@ -53,17 +53,16 @@ class Estimate:
     reference: int
     activations: int
     head: int
-    attention: int
 
     @property
     def total(self) -> int:
         return (self.weights + self.grads + self.optimizer + self.reference + self.activations + self.head
-                + self.attention + OVERHEAD_BYTES)
+                + OVERHEAD_BYTES)
 
     def breakdown(self) -> str:
         parts = [("weights", self.weights), ("gradients", self.grads), ("AdamW moments", self.optimizer),
                  ("second weight copy", self.reference), ("activations", self.activations),
-                 ("vocabulary head", self.head), ("attention scores", self.attention),
+                 ("vocabulary head", self.head),
                  ("process overhead", OVERHEAD_BYTES)]
         return " + ".join(f"{name} {b / GIB:.2f}" for name, b in parts if b) + f" = {self.total / GIB:.2f} GiB"
 
@@ -125,8 +124,7 @@ def estimate(m: ModelConfig, what: str, rows: int, length: int, *, train: bool, 
         acts = tokens * m.num_layers * per_layer * cb
     width = min(chunk, m.vocab_size)
     head = rows * window * width * 4 * (3 if train else 1)  # logits, probabilities, their gradient
-    attn = 0  # counted per token in `per_layer` (einsum); the fused kernels keep none
-    return Estimate(what, weights, grads, optimizer, ref, int(acts), int(head), attn)
+    return Estimate(what, weights, grads, optimizer, ref, int(acts), int(head))
 
 
 def available_bytes(devices=None) -> tuple[int, str]:

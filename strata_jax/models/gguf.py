@@ -214,7 +214,7 @@ def read_gguf(path) -> tuple[dict, dict[str, np.ndarray], "object"]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such GGUF file")
     reader = _reader(path)
-    cfg = gguf_config(path)
+    cfg = _config_of(reader, path)
     arch = cfg["model_type"]
     tensors = {}
     for t in reader.tensors:
@@ -230,7 +230,10 @@ def read_gguf(path) -> tuple[dict, dict[str, np.ndarray], "object"]:
 def gguf_config(path) -> dict:
     """The HF config dict of a GGUF file alone (no tensor is read)."""
     path = pathlib.Path(path)
-    reader = _reader(path)
+    return _config_of(_reader(path), path)
+
+
+def _config_of(reader, path) -> dict:
     arch = _field(reader, "general.architecture", path, required=True)
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
