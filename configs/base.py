@@ -158,6 +158,15 @@ def base_config() -> mlc.ConfigDict:
     # trajectories of a strategy share) and copy its keys and values to the rows that start with it
     # (strata_jax/prefix.py); the samples are the unshared prefill's up to float rounding.
     s.shared_prefix = True
+    # Keep each prompt's first `prefix_cache_tokens` tokens' keys and values across the calls of a
+    # rollout (the head every step prompt of a trajectory repeats: intro, task, strategy, start
+    # memory) and prefill only the rest of the next prompt that starts with them
+    # (strata_jax/prefix.py PrefixCache). Cleared whenever the sampler's params change. At most
+    # `prefix_cache_mb` MB of keys and values per call kind; the samples are the uncached prefill's
+    # up to float rounding.
+    s.prefix_cache = False
+    s.prefix_cache_tokens = 256
+    s.prefix_cache_mb = 512
     # Decode with each layer's q / k / v and gate / up kernels fused into one matmul each, on
     # weights cast to the compute dtype once per call (strata_jax.models.qwen2.prepare_decode).
     # The fused copy costs about 0.7x the layers' weights in the compute dtype while a call
