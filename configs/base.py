@@ -161,9 +161,9 @@ def base_config() -> mlc.ConfigDict:
     # Keep each prompt's first `prefix_cache_tokens` tokens' keys and values across the calls of a
     # rollout (the head every step prompt of a trajectory repeats: intro, task, strategy, start
     # memory) and prefill only the rest of the next prompt that starts with them
-    # (strata_jax/prefix.py PrefixCache). Cleared whenever the sampler's params change. At most
-    # `prefix_cache_mb` MB of keys and values per call kind; the samples are the uncached prefill's
-    # up to float rounding.
+    # (strata_jax/prefix.py PrefixCache), in the action calls' sampler. Cleared whenever the
+    # sampler's params change. At most `prefix_cache_mb` MB of keys and values; the samples are the
+    # uncached prefill's up to float rounding.
     s.prefix_cache = False
     s.prefix_cache_tokens = 256
     s.prefix_cache_mb = 512
@@ -310,7 +310,8 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     positive = ["iterations", "algo.tasks_per_iter", "algo.group_size", "algo.num_strategies",
                 "algo.traj_per_strategy", "algo.oversample", "env.max_steps", "train.mini_batch_rows",
                 "train.micro_batches", "sampling.max_action_tokens", "sampling.max_strategy_tokens",
-                "sampling.max_judge_tokens", "checkpoint.keep", "algo.strategy_budget", "judge.samples"]
+                "sampling.max_judge_tokens", "checkpoint.keep", "algo.strategy_budget", "judge.samples",
+                "sampling.prefix_cache_tokens", "sampling.prefix_cache_mb"]
     for key in positive:
         if _get(c, key) < 1:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 1")

@@ -4,6 +4,12 @@ One `Sampler` per call kind (strategy / action / judge): each has its own token 
 part of the compiled program) and stop tags (traced). Prompts are chat messages rendered with the
 tokenizer's own chat template. Randomness is a pure function of (iteration key, call counter), so
 a resumed run draws the same samples as an uninterrupted one.
+
+With `prefix_cache_tokens` > 0 the action sampler keeps each prompt's head across calls
+(strata_jax/sampling.py, "Prefix cache across calls"): every action call of a rollout carries all
+running trajectories, and each step prompt repeats its trajectory's head. The strategy and judge
+calls come once per episode (and per revision) with prompts of their own, so they would only fill
+a pool. Setting `params` clears the cache.
 """
 
 from __future__ import annotations
@@ -64,8 +70,8 @@ class JaxPolicy:
     def __init__(self, graphdef: Any, params: Any, tokenizer: Any, budgets: dict[str, int], *,
                  prompt_buckets: Sequence[int], batch_buckets: Sequence[int], temperature: float,
                  top_p: float = 1.0, top_k: int = 0, mesh=None, cache_dtype: str | None = None, shared_prefix: bool = False,
-                 fuse_decode: bool = True, seed: int = 0):
-        self.params = params
+                 fuse_decode: bool = True, prefix_cache_tokens: int = 0, prefix_cache_bytes: int = 512 << 20,
+                 seed: int = 0):
         self.tokenizer = tokenizer
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         self.kind_sampling: dict[str, SamplingParams] = {}  # per call kind, overriding `sampling`
@@ -81,8 +87,11 @@ class JaxPolicy:
                                 prompt_buckets=tuple(prompt_buckets), max_batch=int(max(batch_buckets)),
                                 batch_buckets=tuple(batch_buckets), eos_ids=eos, pad_id=int(pad),
                                 cache_dtype=cache_dtype, return_embedding=(kind == "strategy"),
-                                shared_prefix=shared_prefix, fuse_decode=bool(fuse_decode))
+                                shared_prefix=shared_prefix, fuse_decode=bool(fuse_decode),
+                                prefix_cache_tokens=int(prefix_cache_tokens) if kind == "action" else 0,
+                                prefix_cache_bytes=int(prefix_cache_bytes))
             self.samplers[kind] = Sampler(graphdef, cfg, mesh=mesh)
+        self.params = params
         self.tokens_generated = 0
         self.sample_seconds = 0.0
         self.seconds_by_kind = {k: 0.0 for k in self.samplers}  # sampler time per call kind
@@ -97,6 +106,18 @@ class JaxPolicy:
         if shard is not None:
             self._key = jax.random.fold_in(self._key, int(shard))
         self._calls = 0
+
+    @property
+    def params(self) -> Any:
+        return self._params
+
+    @params.setter
+    def params(self, params: Any) -> None:
+        """New weights: cached prompt heads were computed with the old ones (the samplers would
+        notice too, by the arrays' identity; clearing here frees the bookkeeping at once)."""
+        self._params = params
+        for s in self.samplers.values():
+            s.clear_prefix_cache()
 
     @property
     def num_compiles(self) -> int:

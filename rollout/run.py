@@ -103,7 +103,9 @@ class Run:
                                 prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
                                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
                                 cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix),
-                                fuse_decode=bool(s.fuse_decode), seed=int(config.seed))
+                                fuse_decode=bool(s.fuse_decode),
+                                prefix_cache_tokens=int(s.prefix_cache_tokens) if s.prefix_cache else 0,
+                                prefix_cache_bytes=int(s.prefix_cache_mb) << 20, seed=int(config.seed))
         self.window = logprob_window(config)
         # The model work of the scoring and the update, counted from their padded shapes like the
         # samplers' (strata_jax/cost.py; bench/iteration.py models an iteration's time from them).

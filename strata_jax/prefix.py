@@ -17,6 +17,13 @@ UB x Tpre + BB x Ts fall below (1 - min_saving) x BB x Tp.
 Every row keeps at least one token in its suffix: the prefill's last position gives the first
 sampled token's logits.
 
+`PrefixCache` carries prefixes across calls: the host-side bookkeeping of the sampler's pool of
+cached prompt heads (keys and values of each prompt's first W tokens). A step prompt of a StraTA
+trajectory repeats the head of its previous step's prompt (intro, task, strategy, start memory),
+so the next call finds it there and prefills only the rest. Attention is causal, so the keys and
+values of a cached prompt's first c tokens are those of any prompt that starts with the same c
+tokens, whatever followed them: a row may use any common prefix of a cached entry.
+
 The update and the scoring share prefixes too (strata_jax/packing.py): they use `group_rows` and
 `fit_groups` with a suffix bucket of their own and each row's response as its `tail`.
 """
@@ -140,3 +147,89 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bu
     if best is None or best.cost >= unshared or best.cost > (1.0 - min_saving) * unshared:
         return None
     return best
+
+
+@dataclasses.dataclass
+class CacheEntry:
+    tokens: tuple[int, ...]  # the prompt tokens whose keys and values pool row `row` holds (<= width)
+    row: int
+    used: int  # the call that last hit or wrote it
+
+
+class PrefixCache:
+    """Which row of the sampler's pool [rows, width] holds the keys and values of which prompt head,
+    across the calls of a rollout (module docstring). Pure bookkeeping on token ids; the sampler owns
+    the device pool and clears this whenever its params change.
+
+    Each call: `match` finds for every prompt the entry with the longest common prefix (at least
+    `min_prefix` tokens, and at most len - 1: the prefill's last position gives the first token's
+    logits); the sampler prefills only what follows; then `assign` gives pool rows to the call's
+    prompts whose first `width` tokens extend past their match, and evicts the entries that the
+    call neither used nor wrote. The action calls of a rollout carry every running trajectory, so
+    an entry left out of a call belongs to an episode that ended or to an earlier step's prompt
+    that a newer entry repeats.
+    """
+
+    def __init__(self, rows: int, width: int, min_prefix: int = 16):
+        if rows < 1 or width < 1 or min_prefix < 1:
+            raise ValueError(f"PrefixCache(rows={rows}, width={width}, min_prefix={min_prefix}): all must be >= 1")
+        self.rows, self.width, self.min_prefix = int(rows), int(width), int(min_prefix)
+        self.clear()
+
+    def clear(self) -> None:
+        self.entries: list[CacheEntry] = []
+        self.calls = 0
+        # Entries by their first min_prefix tokens: a hit needs at least those in common.
+        self._by_start: dict[tuple[int, ...], list[CacheEntry]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def match(self, prompt: Sequence[int]) -> tuple[CacheEntry | None, int]:
+        """(entry, usable tokens) for one prompt: the longest common prefix with a cached entry,
+        the latest entry among equals; (None, 0) below `min_prefix`."""
+        usable_max = len(prompt) - 1
+        if usable_max < self.min_prefix:
+            return None, 0
+        best, best_len = None, 0
+        for e in self._by_start.get(tuple(prompt[: self.min_prefix]), ()):
+            n = min(common_prefix_len(e.tokens, prompt[: len(e.tokens)]), usable_max)
+            if n >= self.min_prefix and (n > best_len or (n == best_len and e.used > best.used)):
+                best, best_len = e, n
+        return best, best_len
+
+    def assign(self, prompts: Sequence[Sequence[int]], hits: Sequence[tuple[CacheEntry | None, int]]
+               ) -> list[tuple[int, int, int]]:
+        """End of a call: [(prompt index, pool row, tokens to store)] for the prompts whose first
+        `width` tokens (at most len - 1) reach past their match, one per distinct head; entries the
+        call did not use are evicted. When more heads are new than rows are free, the longest win."""
+        self.calls += 1
+        used = {id(e) for e, _ in hits if e is not None}
+        for e, _ in hits:
+            if e is not None:
+                e.used = self.calls
+        wanted: dict[tuple[int, ...], int] = {}
+        for i, (p, (_, n)) in enumerate(zip(prompts, hits)):
+            head = tuple(int(t) for t in p[: min(len(p) - 1, self.width)])
+            if len(head) > n and len(head) >= self.min_prefix and head not in wanted:
+                wanted[head] = i
+        keep = [e for e in self.entries if id(e) in used]
+        new = sorted(wanted.items(), key=lambda kv: -len(kv[0]))
+        # Rows: the free ones first, then those of this call's hits (the new heads repeat them).
+        taken = {e.row for e in keep}
+        free = [r for r in range(self.rows) if r not in taken]
+        keep.sort(key=lambda e: e.used)
+        stores = []
+        for head, i in new:
+            if not free:
+                if not keep:
+                    break
+                free.append(keep.pop(0).row)
+            row = free.pop(0)
+            keep.append(CacheEntry(tokens=head, row=row, used=self.calls))
+            stores.append((i, row, len(head)))
+        self.entries = keep
+        self._by_start = {}
+        for e in keep:
+            self._by_start.setdefault(e.tokens[: self.min_prefix], []).append(e)
+        return stores

@@ -37,6 +37,16 @@ slots [Tpre, Tp) against them. Positions continue from the prefix (a row's real 
 decode program is the same one. The tokens and log-probs are those of the unshared prefill up to
 float rounding (tests/test_shared_prefix.py).
 
+Prefix cache across calls (`SamplerConfig.prefix_cache_tokens` > 0; strata_jax/prefix.py
+PrefixCache). After each prefill the keys and values of every prompt's first W tokens are copied
+into a pool [C, W] kept on the device; a later prompt that starts with c of a cached entry's tokens
+takes them from there and prefills only the rest: its cache holds the entry's slots [0, W), those
+past its c tokens masked, then its remaining tokens [BB, Ts] at slots [W, W + Ts), positions
+continuing from c. Causal attention makes a cached prompt's first c keys and values those of any
+prompt with the same first c tokens, so the samples are the uncached prefill's up to float
+rounding (tests/test_prefix_cache.py). The pool holds one params' keys and values: a call with
+other params (by the identity of its arrays; jax arrays are immutable) clears it first.
+
 The optional embedding is the mean final hidden state (after the last RMSNorm) of the generated
 tokens, each taken when the token is fed back in; with `return_embedding` the loop runs one extra
 step so the last token of each row is fed too. No second forward pass.
@@ -45,6 +55,7 @@ step so the last token of each row is fed too. No second forward pass.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections import Counter
 from typing import Any, Sequence
 
@@ -58,7 +69,7 @@ from strata_jax import cost, sharding
 from strata_jax.models.heads import token_logprobs
 from strata_jax.models.qwen2 import positions_from_mask, prepare_decode
 from strata_jax.batch import smallest_bucket
-from strata_jax.prefix import plan_prefixes
+from strata_jax.prefix import PrefixCache, plan_prefixes
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
 
@@ -93,6 +104,9 @@ class SamplerConfig:
     min_shared_prefix: int = 16  # shorter common prefixes are not worth a copy of their keys and values
     min_prefix_saving: float = 0.2  # share only when the padded prefill shrinks by this fraction
     fuse_decode: bool = True  # decode with fused q/k/v and gate/up kernels (qwen2.prepare_decode)
+    prefix_cache_tokens: int = 0  # W: cache each prompt's first W tokens across calls (0: off; module docstring)
+    prefix_cache_bytes: int = 512 << 20  # the pool's size limit: C = bytes // (one row's keys and values)
+    suffix_buckets: tuple[int, ...] = ()  # lengths after a cached prefix; empty: half octaves from 16
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_prompt_len", "max_batch", "max_stop_sequences",
@@ -103,6 +117,9 @@ class SamplerConfig:
             b = tuple(getattr(self, name))
             if b and (list(b) != sorted(set(b)) or b[0] < 1):
                 raise ValueError(f"SamplerConfig.{name} must be strictly ascending positive ints, got {b}")
+        if int(self.prefix_cache_tokens) < 0 or int(self.prefix_cache_bytes) < 0:
+            raise ValueError(f"SamplerConfig.prefix_cache_tokens / prefix_cache_bytes must be >= 0, got "
+                             f"{self.prefix_cache_tokens} / {self.prefix_cache_bytes}")
         if any(int(e) < 0 for e in self.eos_ids):
             raise ValueError(f"SamplerConfig.eos_ids must be >= 0, got {self.eos_ids}")
 
@@ -113,6 +130,17 @@ class SamplerConfig:
         if self.prefix_buckets:
             return tuple(self.prefix_buckets)
         return tuple(sorted(set(power_of_two_buckets(32, self.max_prompt_len)) | set(self.prompt_bucket_list())))
+
+    def suffix_bucket_list(self) -> tuple[int, ...]:
+        """Remaining-prompt lengths after a cached prefix: 16, 24, 32, 48, ... (at most a third of
+        padding), up to max_prompt_len."""
+        if self.suffix_buckets:
+            return tuple(self.suffix_buckets)
+        out, b = set(), 16
+        while b < self.max_prompt_len:
+            out |= {b, b + b // 2}
+            b *= 2
+        return tuple(sorted(x for x in out if x < self.max_prompt_len)) + (int(self.max_prompt_len),)
 
     def batch_bucket_list(self, multiple: int = 1) -> tuple[int, ...]:
         base = tuple(self.batch_buckets) or power_of_two_buckets(1, self.max_batch)
@@ -369,6 +397,17 @@ class Sampler:
         self.work = cost.Work()
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
         self._score = jax.jit(self._score_impl)
+        # Wall seconds of the prefills and the decodes (generate waits for the prefill's result).
+        self.seconds: Counter = Counter()
+        # The cross-call prefix cache (module docstring): host bookkeeping, then the device pool
+        # [C, W], allocated at the first call (its row size comes from the model).
+        self.prefix_cache: PrefixCache | None = None
+        self.cache_stats: Counter = Counter()  # calls, hit_rows, reused_tokens, stored
+        self._pool = None
+        self._pool_refs: list | None = None  # weak references to the params the pool was computed with
+        self._prefill_cached = jax.jit(self._prefill_cached_impl)
+        self._store = jax.jit(self._store_impl, donate_argnums=(0,))
+        self._dp = dp
 
     @property
     def num_compiles(self) -> int:
@@ -380,13 +419,28 @@ class Sampler:
     def generate(self, params: Any, prompts: list[list[int]], sampling: SamplingParams, rng: Any,
                  stop_sequences: list[list[int]] | None = None) -> SampleOutput:
         """Sample up to max_new_tokens per prompt. See SampleOutput for the result."""
+        import time
+
         cfg = self.config
-        tokens, consts, key, plan = self._prepare(prompts, sampling, rng, stop_sequences)  # validates
+        _check_prompts(prompts)
+        hits = None
+        if cfg.prefix_cache_tokens > 0:
+            self._check_pool(params)
+            hits = [self.prefix_cache.match(p) for p in prompts]
+        t0 = time.perf_counter()
+        tokens, consts, key, path, mask = self._prepare(prompts, sampling, rng, stop_sequences, hits)  # validates
         b = len(prompts)
-        if plan is None:
+        if path == "plain":
             state = self._prefill(params, tokens, consts, key)
-        else:
+        elif path == "shared":
             state = self._prefill_shared(params, *tokens, consts, key)
+        else:
+            state = self._prefill_cached(params, self._pool, *tokens, consts, key)
+        if hits is not None:
+            self._store_heads(state, prompts, hits, mask)
+        jax.block_until_ready(state)
+        t1 = time.perf_counter()
+        self.seconds["prefill"] += t1 - t0
         state = self._decode(params, state, consts)
         host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
                                "reason": state.reason, "emb": state.emb_sum, "step": state.step})
@@ -396,20 +450,103 @@ class Sampler:
         emb = None
         if cfg.return_embedding:
             emb = (host["emb"][:b] / np.maximum(lengths, 1)[:, None]).astype(np.float32)
+        self.seconds["decode"] += time.perf_counter() - t1
         return SampleOutput(tokens=host["tokens"][:b], logprobs=host["logprobs"][:b], lengths=lengths,
                             finish_reason=host["reason"][:b], embedding=emb)
 
-    def _prepare(self, prompts, sampling: SamplingParams, rng, stop_sequences):
-        """Validate and bucket-pad the host inputs; place them on the mesh. (tokens, consts, key)."""
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prompt head (the pool's memory stays allocated for the next ones)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _check_pool(self, params) -> None:
+        """Allocate the pool at the first call; clear the cache when `params` are not the arrays
+        its keys and values were computed with."""
+        leaves = jax.tree.leaves(params)
+        refs = self._pool_refs
+        if refs is None or len(refs) != len(leaves) or any(r() is not x for r, x in zip(refs, leaves)):
+            self.clear_prefix_cache()
+            self._pool_refs = [_weak(x) for x in leaves]
+        if self._pool is not None:
+            return
+        cfg = self.config
+        w = int(cfg.prefix_cache_tokens)
+        one = jax.eval_shape(lambda p: nnx.merge(self.graphdef, p).init_cache(1, w, dtype=_dtype(cfg.cache_dtype)), params)
+        row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one))
+        rows = min(int(cfg.prefix_cache_bytes) // row_bytes, 2 * max(self.batch_buckets))
+        rows -= rows % self._dp
+        if rows < 1:
+            raise ValueError(f"SamplerConfig.prefix_cache_bytes = {cfg.prefix_cache_bytes} holds no row of the "
+                             f"prefix cache: one row of {w} tokens' keys and values takes {row_bytes} bytes "
+                             f"(x {self._dp} data-parallel rows); raise it or lower prefix_cache_tokens")
+        self.prefix_cache = PrefixCache(rows, w, int(cfg.min_shared_prefix))
+        self._pool = self._constrain_cache(jax.jit(
+            lambda p: nnx.merge(self.graphdef, p).init_cache(rows, w, dtype=_dtype(cfg.cache_dtype)))(params))
+
+    def _store_heads(self, state: "_State", prompts, hits, mask: np.ndarray) -> None:
+        """Copy the call's new prompt heads from its prefill cache into the pool (PrefixCache.assign
+        says which, and where). `mask` [BB, Tp] is the prefill's prompt mask on the host: row i's
+        prompt token j sits in its j-th unmasked slot, whichever path filled it."""
+        stores = self.prefix_cache.assign(prompts, hits)
+        self.cache_stats["calls"] += 1
+        self.cache_stats["hit_rows"] += sum(e is not None for e, _ in hits)
+        self.cache_stats["reused_tokens"] += sum(n for _, n in hits)
+        if not stores:
+            return
+        self.cache_stats["stored"] += len(stores)
+        bb, w = mask.shape[0], self.prefix_cache.width
+        dst = np.full((bb,), self.prefix_cache.rows, np.int32)  # out of range: not stored (dropped)
+        src = np.zeros((bb, w), np.int32)
+        valid = np.zeros((bb, w), bool)
+        for i, row, h in stores:
+            dst[i] = row
+            src[i, w - h:] = np.flatnonzero(mask[i])[:h]  # left-padded in the pool, like a prompt
+            valid[i, w - h:] = True
+        self._pool = self._store(self._pool, state.cache, jnp.asarray(dst), jnp.asarray(src), jnp.asarray(valid))
+
+    def _cached_layout(self, prompts, hits, bb: int):
+        """The cached prefill's inputs: (row_entry [BB], prefix mask [BB, W], suffixes) and the
+        suffix bucket Ts, or None when a remaining prompt does not fit the suffix buckets."""
+        w = self.prefix_cache.width
+        rest = [len(p) - n for p, (_, n) in zip(prompts, hits)]
+        ts = smallest_bucket(max(rest), self.config.suffix_bucket_list())
+        if ts is None:
+            return None
+        row_entry = np.zeros((bb,), np.int32)
+        pre_mask = np.zeros((bb, w), bool)
+        for i, (e, n) in enumerate(hits):
+            if e is not None:
+                row_entry[i] = e.row
+                start = w - len(e.tokens)  # the entry's token j sits in pool slot start + j
+                pre_mask[i, start:start + n] = True
+        return row_entry, pre_mask, [list(p[n:]) for p, (_, n) in zip(prompts, hits)], ts
+
+    def _prepare(self, prompts, sampling: SamplingParams, rng, stop_sequences, hits=None):
+        """Validate and bucket-pad the host inputs; place them on the mesh. Returns (tokens, consts,
+        key, path, mask): path "plain", "shared" (prefixes shared within the call) or "cached"
+        (prefixes from the cross-call pool), whichever runs the fewest padded prompt tokens, and
+        mask the host prompt mask [BB, Tp]."""
         cfg = self.config
         b = _check_prompts(prompts)
         bb = pick_bucket(b, self.batch_buckets, "batch size")
         tp = pick_bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
-        plan = None
+        plan = cached = None
         if cfg.shared_prefix:
             plan = plan_prefixes(prompts, tp, bb, cfg.prefix_bucket_list(), self.batch_buckets,
                                  cfg.min_shared_prefix, cfg.min_prefix_saving)
-        if plan is None:
+        if hits is not None and any(e is not None for e, _ in hits):
+            cached = self._cached_layout(prompts, hits, bb)
+            if cached is not None and bb * cached[-1] >= (bb * tp if plan is None else plan.cost):
+                cached = None  # no fewer tokens than without the pool
+        if cached is not None:
+            row_entry, pre_mask, rest, ts = cached
+            suf_tokens, suf_mask = _left_pad(rest, bb, ts, cfg.pad_id)
+            mask = np.concatenate([pre_mask, suf_mask], axis=1)
+            tokens = (row_entry, suf_tokens)
+            self.prefill_tokens += bb * ts
+            self.work.add(**cost.prefixed(0, pre_mask.shape[1], bb, ts, 1))
+            plan = "cached"
+        elif plan is None:
             tokens, mask = _left_pad(prompts, bb, tp, cfg.pad_id)
             self.prefill_tokens += bb * tp
             self.work.add(**cost.dense(bb, tp, 1))
@@ -428,6 +565,7 @@ class Sampler:
             self.prefill_tokens += plan.cost
             self.shared_calls += 1
             self.work.add(**cost.prefixed(plan.unique_bucket, plan.prefix_bucket, bb, plan.suffix_bucket, 1))
+            plan = "shared"
         self.work.add(**cost.real(list(map(len, prompts))))
         consts = _Consts(
             prompt_mask=mask, prompt_len=mask.sum(1).astype(np.int32), row_valid=np.arange(bb) < b,
@@ -436,7 +574,7 @@ class Sampler:
             eos_ids=np.asarray(list(cfg.eos_ids) or [-1], np.int32))
         tokens, consts = self._place(tokens, consts)
         key = jax.random.key(rng) if isinstance(rng, (int, np.integer)) else rng
-        return tokens, consts, key, plan
+        return tokens, consts, key, plan or "plain", mask
 
     def score(self, params: Any, tokens: Any, attention_mask: Any) -> np.ndarray:
         """Teacher-forced log-probs [B, L] (see `score`), bucketed with this sampler's buckets."""
@@ -471,15 +609,26 @@ class Sampler:
         """The prefill over shared prefixes (module docstring). pre_tokens / pre_mask [UB, Tpre],
         row_prefix [BB] (each row's prefix), suf_tokens [BB, Ts]; c.prompt_mask is [BB, Tpre + Ts]."""
         self.traces["prefill_shared"] += 1
-        cfg = self.config
         model = nnx.merge(self.graphdef, params)
         u, tpre = pre_tokens.shape
-        b, ts = suf_tokens.shape
-        n = cfg.max_new_tokens
-        dtype = _dtype(cfg.cache_dtype)
+        dtype = _dtype(self.config.cache_dtype)
         pre_pos = positions_from_mask(pre_mask)
         pre_cache = model.init_cache(u, tpre, dtype=dtype)
         _, pre_cache = model(pre_tokens, pre_pos, pre_mask, cache=pre_cache, cache_index=0, last_only=True)
+        return self._prefill_after(model, pre_cache, row_prefix, suf_tokens, c, rng)
+
+    def _prefill_cached_impl(self, params, pool, row_entry, suf_tokens, c: _Consts, rng) -> _State:
+        """The prefill from the cross-call pool (module docstring): pool [C, W], row_entry [BB] (each
+        row's entry; its usable slots are c.prompt_mask[:, :W]), suf_tokens [BB, Ts]."""
+        self.traces["prefill_cached"] += 1
+        return self._prefill_after(nnx.merge(self.graphdef, params), pool, row_entry, suf_tokens, c, rng)
+
+    def _prefill_after(self, model, pre_cache, row_prefix, suf_tokens, c: _Consts, rng) -> _State:
+        """Rows' suffixes [BB, Ts] against prefixes already in a cache [U, Tpre]: row b starts from
+        prefix row_prefix[b], its slots masked by c.prompt_mask[:, :Tpre]."""
+        tpre = pre_cache.capacity
+        b, ts = suf_tokens.shape
+        n = self.config.max_new_tokens
         # Each row's cache: its prefix's keys and values in slots [0, Tpre), the rest empty.
         cache = pre_cache.take_rows(row_prefix, ts + n)
         cache = self._constrain_cache(cache)
@@ -489,6 +638,22 @@ class Sampler:
         mask = jnp.concatenate([c.prompt_mask, jnp.zeros((b, n), jnp.bool_)], axis=1)  # [BB, S]
         hidden, cache = model(suf_tokens, suf_pos, mask, cache=cache, cache_index=tpre, last_only=True)
         return self._first_token(model, hidden[:, -1], cache, c, rng)
+
+    def _store_impl(self, pool, cache, dst, src, valid):
+        """pool [C, W] <- the prefill cache's rows [BB, S]: row i's slots src[i] ([BB, W], zero
+        where not valid) into pool row dst[i] (dst = C: dropped). Donates the pool."""
+        self.traces["store"] += 1
+
+        def one(p, x):
+            axis = x.ndim - 4  # the batch axis: 0, or 1 under scan_layers
+            idx = src.reshape((1,) * axis + (src.shape[0], 1, src.shape[1], 1))
+            rows = jnp.take_along_axis(x, idx, axis=x.ndim - 2)  # [.., BB, K, W, Dh]
+            keep = valid.reshape(idx.shape)
+            rows = jnp.where(keep, rows, jnp.zeros((), rows.dtype)).astype(p.dtype)
+            at = (slice(None),) * axis + (dst,)
+            return p.at[at].set(rows, mode="drop")
+
+        return self._constrain_cache(jax.tree.map(one, pool, cache))
 
     def _first_token(self, model, last_hidden, cache, c: _Consts, rng) -> _State:
         """Sample the first token from the prompt's last hidden state [B, D]; the decode's start state."""
@@ -718,6 +883,14 @@ def _pad_for_score(tokens, mask, bb: int, lb: int, pad_id: int):
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _weak(x):
+    """A weak reference to a params leaf (jax arrays allow them), or a callable that returns x."""
+    try:
+        return weakref.ref(x)
+    except TypeError:
+        return lambda: x
 
 
 def _dtype(name):
