@@ -18,8 +18,8 @@ train state (compiling whatever its shapes need), then the state is restored and
 is run again and timed, `--repeats` times, alternating between StraTA and GRPO; each figure is
 the minimum over the repeats (a load that comes and goes then hits neither side's figure). An
 iteration is a pure function of (seed, iteration, state), so the timed runs repeat the warm-up
-exactly. Figures are means over `--iterations` such iterations (each a different task set). The two algorithms take different actions, so their episodes differ in
-length; the per-env-step time is printed too.
+exactly. Figures are means over `--iterations` such iterations (each a different task set). The
+two algorithms take different actions, so their episodes differ in length; the per-env-step time is printed too.
 
     python bench/iteration.py [--iterations 2] [--repeats 2] [--sft-steps 30] [--keep DIR] [--set KEY=VALUE ...]
                               [--config configs/tiny_alfworld.py] [--model qwen2.5-7b] [--devices 8]
@@ -29,7 +29,13 @@ length; the per-env-step time is printed too.
 from it): configs/tiny_alfworld.py runs real ALFWorld games (unpack them first, see that file),
 the regime of the StraTA paper's +2.3% (ALFWorld prompts, long episodes).
 
-`--set sampling.shared_prefix=False` (any config key, repeatable) changes both runs alike.
+`--set sampling.shared_prefix=False` (any config key, repeatable) changes both runs alike;
+`--set sampling.prefix_cache=True` runs both with the cross-call prefix cache. The rollout's
+sampler time is split into its prefills and its decodes (every call kind), the rest of the rollout
+(environment steps, prompts, batches) printed as `other`. `--model-dir DIR` starts both runs from a
+warm-started model (a run's sft_model/, e.g. SmolLM2's with `--config configs/smol_household.py`)
+instead of the tiny model's SFT. `--eval-tasks K` also times an evaluation of K held-out tasks
+per algorithm and prints its share of an iteration at the config's eval.num_tasks and eval.every.
 Prints one line per figure: each phase for each algorithm, the totals, the padded prefill tokens
 the sampler ran per iteration, the batch's tokens and the padded tokens the update ran
 (`train.shared_prefix` shares prompt prefixes there), and StraTA's overhead over GRPO in percent (per iteration and per
@@ -38,7 +44,7 @@ env step).
 Then the same iterations modelled at a real model's size (`--model`, default qwen2.5-7b) on
 `--devices` H200s: every prefill, decode step, scoring pass and update step of the timed runs was
 counted from its padded shapes (strata_jax/cost.py), and a roofline turns those counts into seconds
-per phase (40% MFU, 60% of the HBM bandwidth: issue #17's goals). These figures do not move with the
+per phase (40% MFU, 60% of the HBM bandwidth: the stated goals). These figures do not move with the
 host's load, and they weigh the work as a 7B model would (matmul-bound, where the tiny model is
 attention-bound); they are a model, not a measurement. The counts are those of the tiny model's
 tokenizer and behaviour (its strategies, actions and episode lengths). A last line models the
@@ -95,7 +101,7 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     import copy
     import importlib.util
 
-    from configs.base import apply_overrides, start_from, validate
+    from configs.base import apply_overrides, validate
 
     spec = importlib.util.spec_from_file_location("bench_config", config_file)
     module = importlib.util.module_from_spec(spec)
@@ -143,7 +149,7 @@ def with_thoughts(tb, think: int, horizon: int, vocab: int, seed: int):
         for r in range(s):
             if act[r]:
                 ins = filler[r].astype(x.dtype) if f == "tokens" else np.full(think, fill, x.dtype)
-                rows.append(np.concatenate([x[r, :start[r]], ins, x[r, start[r]:]]))
+                rows.append(np.concatenate([x[r, : start[r]], ins, x[r, start[r] :]]))
             else:
                 rows.append(np.concatenate([np.zeros(think, x.dtype), x[r]]))
         out[f] = np.stack(rows)
@@ -165,8 +171,9 @@ class Thoughts:
         rollout.run.logprob_window = lambda config: window(config) + think
 
         def score_batch(run, tokens, params):
-            self.last = with_thoughts(tokens, think, int(run.config.env.max_steps), int(run.mcfg.vocab_size),
-                                      seed=int(run.config.seed))
+            self.last = with_thoughts(
+                tokens, think, int(run.config.env.max_steps), int(run.mcfg.vocab_size), seed=int(run.config.seed)
+            )
             return original(run, self.last, params)
 
         iteration.score_batch = score_batch
@@ -184,15 +191,16 @@ def tree_bound(tb, rows: int, seed: int) -> dict[str, float]:
     import jax
     import numpy as np
 
-    from rollout.scoring import token_order
+    from strata_jax.batch import token_order
     from strata_jax.packing import prefix_tree_tokens
     from strata_jax.train import minibatches
 
     tb = jax.tree.map(np.asarray, tb)
     update = sum(prefix_tree_tokens(mb) for mb in minibatches(tb, rows, seed=seed))
     order = token_order(tb.tokens, tb.attention_mask, np.flatnonzero(tb.loss_mask.any(axis=1)))
-    score = sum(prefix_tree_tokens(jax.tree.map(lambda x, i=order[i:i + rows]: x[i], tb))
-                for i in range(0, len(order), rows))
+    score = sum(
+        prefix_tree_tokens(jax.tree.map(lambda x, i=order[i : i + rows]: x[i], tb)) for i in range(0, len(order), rows)
+    )
     return {"tree_update": float(update), "tree_score": float(score)}
 
 
@@ -201,8 +209,12 @@ def phase_work(by_source: dict) -> dict:
     kind) and the run's (score, update) counters."""
     from strata_jax.cost import Work
 
-    work = {"strategies": by_source.pop("strategy", Work()), "judgment": by_source.pop("judge", Work()),
-            "scoring": by_source.pop("score"), "update": by_source.pop("update")}
+    work = {
+        "strategies": by_source.pop("strategy", Work()),
+        "judgment": by_source.pop("judge", Work()),
+        "scoring": by_source.pop("score"),
+        "update": by_source.pop("update"),
+    }
     work["actions"] = sum(by_source.values(), Work())  # the action calls (and any other kind)
     return work
 
@@ -220,9 +232,14 @@ def modelled(work: dict, model: str, devices: int, real: bool = False) -> dict[s
 
 def phases(row: dict) -> dict[str, float]:
     strategies, judgment = row["time/strategy_s"], row["time/judge_s"]
-    return {"strategies": strategies, "actions": row["time/rollout_s"] - strategies - judgment,
-            "judgment": judgment, "scoring": row["time/score_s"], "advantages": row["time/advantages_s"],
-            "update": row["time/update_s"]}
+    return {
+        "strategies": strategies,
+        "actions": row["time/rollout_s"] - strategies - judgment,
+        "judgment": judgment,
+        "scoring": row["time/score_s"],
+        "advantages": row["time/advantages_s"],
+        "update": row["time/update_s"],
+    }
 
 
 class Measured:
@@ -244,8 +261,10 @@ class Measured:
             thoughts.count_decodes(self.samplers["action"])
 
     def _work(self) -> dict:
-        return {**{k: s.work.snapshot() for k, s in self.samplers.items()},
-                **{k: w.snapshot() for k, w in self.run.work.items()}}
+        return {
+            **{k: s.work.snapshot() for k, s in self.samplers.items()},
+            **{k: w.snapshot() for k, w in self.run.work.items()},
+        }
 
     def once(self, it: int, keep: bool) -> dict[str, float]:
         """Run iteration `it` from the current state; restore that state unless `keep`. Returns
@@ -258,9 +277,12 @@ class Measured:
 
         start = jax.tree.map(jnp.copy, self.run.state)  # the update donates the state: keep a copy
         before = sum(x.prefill_tokens for x in self.samplers.values())
+        seconds0 = {part: sum(x.seconds[part] for x in self.samplers.values()) for part in ("prefill", "decode")}
         work0 = self._work()
         row, res = iteration_step(self.run, self.envs, it, None)
         out = dict(phases(row))
+        for part in ("prefill", "decode"):  # the samplers' share of the rollout (every call kind)
+            out[f"rollout_{part}"] = sum(x.seconds[part] for x in self.samplers.values()) - seconds0[part]
         out["work"] = phase_work({k: w.since(work0[k]) for k, w in self._work().items()})
         out["prefill_tokens"] = float(sum(x.prefill_tokens for x in self.samplers.values()) - before)
         # what the update ran: mini-batches trained, those skipped for carrying no signal
@@ -276,11 +298,33 @@ class Measured:
             if res.traj.step_mask.shape[-1] != int(self.run.config.env.max_steps):
                 raise RuntimeError("--think-tokens: the batch's horizon is not env.max_steps; action rows unknown")
             tokens = self.thoughts.last
-        out.update(tree_bound(tokens, int(self.run.config.train.mini_batch_rows),
-                              int(self.run.config.seed) * 100003 + it))
+        out.update(
+            tree_bound(tokens, int(self.run.config.train.mini_batch_rows), int(self.run.config.seed) * 100003 + it)
+        )
         if not keep:
             self.run.state = start
         return out
+
+    def evaluation(self, n: int) -> float:
+        """Seconds of an evaluation of n held-out tasks (compiled first by an untimed one)."""
+        import time
+
+        from rollout.evaluate import evaluation_rollout
+        from rollout.setup import eval_tasks, make_envs, num_tasks
+
+        c = self.run.config
+        c.eval.num_tasks = n
+        tasks = eval_tasks(c, num_tasks(c, c.env.eval_split))
+        envs = make_envs(c, len(tasks), c.env.eval_split)
+        temperature = float(c.sampling.eval_temperature)
+        evaluation_rollout(self.run, envs, tasks, temperature)
+        t0 = time.perf_counter()
+        evaluation_rollout(self.run, envs, tasks, temperature)
+        dt = time.perf_counter() - t0
+        self.run.set_temperature(float(c.sampling.temperature), float(c.sampling.strategy_temperature))
+        if hasattr(envs, "close"):
+            envs.close()
+        return dt
 
     def close(self) -> None:
         if hasattr(self.envs, "close"):
@@ -319,7 +363,7 @@ def measure(benches: dict[str, Measured], iterations: int, repeats: int) -> dict
             total = sums[name]["work"]
             for k, w in works[name].items():
                 total[k] = total.get(k, Work()) + w
-    for name, s in sums.items():
+    for s in sums.values():
         s["total"] = sum(s[k] for k in PHASES)
     return sums
 
@@ -327,30 +371,76 @@ def measure(benches: dict[str, Measured], iterations: int, repeats: int) -> dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=2, help="measured iterations per algorithm")
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="timed runs per iteration and algorithm, alternating; the minimum is kept "
-                         "(0: count the work only, one untimed run each)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed runs per iteration and algorithm, alternating; the minimum is kept "
+        "(0: count the work only, one untimed run each)",
+    )
     ap.add_argument("--sft-steps", type=int, default=30, help="SFT steps of the shared tiny model")
     ap.add_argument("--keep", default=None, help="workdir to keep (default: a temporary one)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for both runs, e.g. sampling.shared_prefix=False")
-    ap.add_argument("--config", default="configs/tiny_household.py",
-                    help="the StraTA config both runs derive from (GRPO: the same, flat)")
-    ap.add_argument("--model", default="qwen2.5-7b", choices=sorted(MODELS),
-                    help="the model size at which the counted work is also modelled (strata_jax/cost.py)")
+    ap.add_argument(
+        "--model-dir",
+        default=None,
+        metavar="DIR",
+        help="start both runs from this warm-started HF model (default: SFT the config's model)",
+    )
+    ap.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also time an evaluation of K held-out tasks per algorithm",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for both runs, e.g. sampling.shared_prefix=False",
+    )
+    ap.add_argument(
+        "--config",
+        default="configs/tiny_household.py",
+        help="the StraTA config both runs derive from (GRPO: the same, flat)",
+    )
+    ap.add_argument(
+        "--model",
+        default="qwen2.5-7b",
+        choices=sorted(MODELS),
+        help="the model size at which the counted work is also modelled (strata_jax/cost.py)",
+    )
     ap.add_argument("--devices", type=int, default=8, help="H200s of the modelled node")
-    ap.add_argument("--plan-as-run", action="store_true",
-                    help="plan the scoring's and the update's packing for the tiny model that runs (default: "
-                         "for --model, whose attention weighs far less against its matmuls)")
-    ap.add_argument("--tasks-times", type=int, action="append", default=[], metavar="K",
-                    help="also model an iteration of K times the tasks (strata_jax/cost.Work.times: every "
-                         "call's rows times K); repeatable")
-    ap.add_argument("--think-tokens", type=int, default=0, metavar="R",
-                    help="count every action response R tokens longer: a policy that reasons before it acts "
-                         "(module docstring)")
-    ap.add_argument("--from", dest="saved", default=None, metavar="DIR/iteration.json",
-                    help="model a saved run's counts again (with this --model, --devices, --tasks-times) "
-                         "instead of running")
+    ap.add_argument(
+        "--plan-as-run",
+        action="store_true",
+        help="plan the scoring's and the update's packing for the tiny model that runs (default: "
+        "for --model, whose attention weighs far less against its matmuls)",
+    )
+    ap.add_argument(
+        "--tasks-times",
+        type=int,
+        action="append",
+        default=[],
+        metavar="K",
+        help="also model an iteration of K times the tasks (strata_jax/cost.Work.times: every "
+        "call's rows times K); repeatable",
+    )
+    ap.add_argument(
+        "--think-tokens",
+        type=int,
+        default=0,
+        metavar="R",
+        help="count every action response R tokens longer: a policy that reasons before it acts (module docstring)",
+    )
+    ap.add_argument(
+        "--from",
+        dest="saved",
+        default=None,
+        metavar="DIR/iteration.json",
+        help="model a saved run's counts again (with this --model, --devices, --tasks-times) instead of running",
+    )
     a = ap.parse_args()
     if a.saved:
         saved = json.loads(pathlib.Path(a.saved).read_text())
@@ -364,6 +454,7 @@ def main() -> None:
 def run_benches(a) -> tuple[dict, dict]:
     """`measure` both algorithms as the flags say -> (its figures, scoring passes per algorithm).
     With `--keep DIR` both are also written to DIR/iteration.json (for `--from`)."""
+    from configs.base import start_from
     from rollout.setup import make_mesh
     from rollout.warmstart import model_dir
 
@@ -371,22 +462,35 @@ def run_benches(a) -> tuple[dict, dict]:
         root = pathlib.Path(a.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
         strata, grpo = configs(a.sft_steps, a.set, a.config)
-        model = model_dir(strata, root / "model", make_mesh(strata))
+        model = a.model_dir or model_dir(strata, root / "model", make_mesh(strata))
         thoughts = Thoughts(a.think_tokens) if a.think_tokens > 0 else None
         benches = {}
         for name, cfg in (("strata", strata), ("grpo", grpo)):
             start_from(cfg, model)
             benches[name] = Measured(cfg, root / name, None if a.plan_as_run else MODELS[a.model], thoughts)
         out = measure(benches, a.iterations, a.repeats)
+        if a.eval_tasks:
+            for name, b in benches.items():
+                out[name]["eval_s"] = b.evaluation(a.eval_tasks)
         # scoring passes per iteration: the reference's (unless kl_coef = 0) and the old policy's
-        passes = {n: int(b.run.reference_params() is not None) + int(bool(b.run.config.train.recompute_old_logp))
-                  for n, b in benches.items()}
+        passes = {
+            n: int(b.run.reference_params() is not None) + int(bool(b.run.config.train.recompute_old_logp))
+            for n, b in benches.items()
+        }
         for b in benches.values():
             b.close()
     if a.keep:
-        (root / "iteration.json").write_text(json.dumps(
-            {"out": to_json(out), "passes": passes, "iterations": a.iterations, "repeats": a.repeats,
-             "argv": sys.argv[1:]}))
+        (root / "iteration.json").write_text(
+            json.dumps(
+                {
+                    "out": to_json(out),
+                    "passes": passes,
+                    "iterations": a.iterations,
+                    "repeats": a.repeats,
+                    "argv": sys.argv[1:],
+                }
+            )
+        )
     return out, passes
 
 
@@ -403,6 +507,17 @@ def from_json(out: dict) -> dict:
     return {n: {**r, "work": {p: work(w) for p, w in r["work"].items()}} for n, r in out.items()}
 
 
+def strata_config_eval(a) -> tuple[int, int]:
+    """(eval.num_tasks, eval.every) of the benchmarked config as its file sets them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_config_eval", a.config)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    return int(c.eval.num_tasks), int(c.eval.every)
+
+
 def report(out: dict, passes: dict, a) -> None:
     """Print the timed figures (when timed) and the modelled ones (module docstring)."""
     s, g = out["strata"], out["grpo"]
@@ -411,11 +526,30 @@ def report(out: dict, passes: dict, a) -> None:
             break  # counted only: the times include compilation
         for k in PHASES:
             print(f"iteration {name:6s} {k:10s} {r[k]:8.2f} s")
-        print(f"iteration {name:6s} {'total':10s} {r['total']:8.2f} s  ({r['env_steps']:.0f} env steps, "
-              f"{1000 * r['total'] / max(r['env_steps'], 1):.1f} ms/step)")
+        print(
+            f"iteration {name:6s} {'total':10s} {r['total']:8.2f} s  ({r['env_steps']:.0f} env steps, "
+            f"{1000 * r['total'] / max(r['env_steps'], 1):.1f} ms/step)"
+        )
+        if "rollout_prefill" in r:  # (runs saved before the split was counted have none)
+            rollout = r["strategies"] + r["actions"] + r["judgment"]
+            other = rollout - r["rollout_prefill"] - r["rollout_decode"]
+            print(
+                f"iteration {name:6s} {'rollout':10s} {rollout:8.2f} s: prefill {r['rollout_prefill']:.2f} s, "
+                f"decode {r['rollout_decode']:.2f} s, other {other:.2f} s (environments, prompts, batches)"
+            )
         print(f"iteration {name:6s} {'prefill':10s} {r['prefill_tokens']:8.0f} padded prompt tokens")
-        print(f"iteration {name:6s} {'batch':10s} {r['train_tokens']:8.0f} tokens; {r['update_steps']:.0f} mini-batches "
-              f"trained, {r['no_signal']:.0f} skipped without signal")
+        if "eval_s" in r:
+            c = strata_config_eval(a)
+            share = r["eval_s"] * c[0] / a.eval_tasks / max(c[1], 1)
+            print(
+                f"iteration {name:6s} {'evaluation':10s} {r['eval_s']:8.2f} s for {a.eval_tasks} tasks; "
+                f"{share:.2f} s per iteration at {c[0]} tasks every {c[1]} iterations "
+                f"({100 * share / (r['total'] + share):.0f} % of an iteration)"
+            )
+        print(
+            f"iteration {name:6s} {'batch':10s} {r['train_tokens']:8.0f} tokens; "
+            f"{r['update_steps']:.0f} mini-batches trained, {r['no_signal']:.0f} skipped without signal"
+        )
         print(f"iteration {name:6s} {'update':10s} {r['update_tokens']:8.0f} padded tokens through the model")
     if a.repeats:
         print(f"strata overhead over grpo per iteration: {100 * (s['total'] / g['total'] - 1):+.1f} %")
@@ -428,36 +562,51 @@ def report(out: dict, passes: dict, a) -> None:
         for k in PHASES:
             if k in w:
                 decode = w[k].decode_steps
-                print(f"modelled {name:6s} {k:10s} {m[k] / a.iterations:8.3f} s  ({w[k].tokens / a.iterations:10.0f} "
-                      f"token slots, {decode / a.iterations:6.0f} decode steps per iteration)")
-        print(f"modelled {name:6s} {'total':10s} {sum(m.values()) / a.iterations:8.3f} s  "
-              f"({r['env_steps']:.0f} env steps)")
+                print(
+                    f"modelled {name:6s} {k:10s} {m[k] / a.iterations:8.3f} s  ({w[k].tokens / a.iterations:10.0f} "
+                    f"token slots, {decode / a.iterations:6.0f} decode steps per iteration)"
+                )
+        print(
+            f"modelled {name:6s} {'total':10s} {sum(m.values()) / a.iterations:8.3f} s  "
+            f"({r['env_steps']:.0f} env steps)"
+        )
     ms, mg = sum(mod["strata"].values()), sum(mod["grpo"].values())
     per_step = (ms / max(s["env_steps"], 1)) / (mg / max(g["env_steps"], 1))
-    print(f"strata overhead over grpo, modelled at {a.model} on {a.devices} x H200 (40% MFU, 60% of HBM "
-          f"bandwidth): {100 * (ms / mg - 1):+.1f} % per iteration, {100 * (per_step - 1):+.1f} % per env step")
+    print(
+        f"strata overhead over grpo, modelled at {a.model} on {a.devices} x H200 (40% MFU, 60% of HBM "
+        f"bandwidth): {100 * (ms / mg - 1):+.1f} % per iteration, {100 * (per_step - 1):+.1f} % per env step"
+    )
     for name, r in out.items():
-        print(f"tokens {name:6s} update {r['work']['update'].tokens / a.iterations:10.0f} run, "
-              f"{r['tree_update']:10.0f} with a perfect prefix tree; one scoring pass "
-              f"{r['work']['scoring'].tokens / max(passes[name], 1) / a.iterations:10.0f} run, "
-              f"{r['tree_score']:10.0f} with the tree")
+        print(
+            f"tokens {name:6s} update {r['work']['update'].tokens / a.iterations:10.0f} run, "
+            f"{r['tree_update']:10.0f} with a perfect prefix tree; one scoring pass "
+            f"{r['work']['scoring'].tokens / max(passes[name], 1) / a.iterations:10.0f} run, "
+            f"{r['tree_score']:10.0f} with the tree"
+        )
     # The same with every pass on its rows' real tokens (no padding, no shared prefixes): the cost
     # model of a padding-free update such as verl's remove-padding.
     rs, rg = (sum(modelled(out[n]["work"], a.model, a.devices, real=True).values()) for n in ("strata", "grpo"))
-    print(f"strata overhead over grpo, modelled on real tokens only (no padding, no shared prefixes): "
-          f"{100 * (rs / rg - 1):+.1f} % ({rs / a.iterations:.3f} s against {rg / a.iterations:.3f} s)")
+    print(
+        f"strata overhead over grpo, modelled on real tokens only (no padding, no shared prefixes): "
+        f"{100 * (rs / rg - 1):+.1f} % ({rs / a.iterations:.3f} s against {rg / a.iterations:.3f} s)"
+    )
     # More tasks per iteration: the token passes grow with them, a weight-bound decode step does
     # not (its time is reading the weights), so the decode's share and the overhead move with P.
     for k in a.tasks_times:
         work = {n: {p: w.times(k) for p, w in out[n]["work"].items()} for n in ("strata", "grpo")}
         scaled = {n: modelled(w, a.model, a.devices) for n, w in work.items()}
         ks, kg = (sum(scaled[n].values()) / a.iterations for n in ("strata", "grpo"))
-        parts = ", ".join(f"{p} {scaled['strata'][p] / a.iterations:.2f} / {scaled['grpo'][p] / a.iterations:.2f}"
-                          for p in PHASES if p in scaled["strata"])
+        parts = ", ".join(
+            f"{p} {scaled['strata'][p] / a.iterations:.2f} / {scaled['grpo'][p] / a.iterations:.2f}"
+            for p in PHASES
+            if p in scaled["strata"]
+        )
         real = [sum(modelled(work[n], a.model, a.devices, real=True).values()) for n in ("strata", "grpo")]
-        print(f"strata overhead over grpo, modelled with {k}x the tasks: {100 * (ks / kg - 1):+.1f} % "
-              f"({ks:.3f} s against {kg:.3f} s; strata / grpo s: {parts}); on real tokens only "
-              f"{100 * (real[0] / real[1] - 1):+.1f} %")
+        print(
+            f"strata overhead over grpo, modelled with {k}x the tasks: {100 * (ks / kg - 1):+.1f} % "
+            f"({ks:.3f} s against {kg:.3f} s; strata / grpo s: {parts}); on real tokens only "
+            f"{100 * (real[0] / real[1] - 1):+.1f} %"
+        )
 
 
 if __name__ == "__main__":

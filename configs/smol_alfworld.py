@@ -35,6 +35,9 @@ def get_config():
     c.env.extra_receptacles, c.env.distractors = 1, 3
     # ALFWorld step prompts are 400-1000 SmolLM2 tokens (a room lists up to 40 receptacles).
     c.sampling.prompt_buckets = (512, 768, 1024, 1536, 2048)
+    # The prompt head holds the room's receptacle list (up to 600 characters) as the start memory:
+    # cache 512 tokens of it across the steps, not the household's 256.
+    c.sampling.prefix_cache_tokens = 512
     c.train.length_buckets = (512, 768, 1024, 1536, 2048)
     c.eval.every = 5
     c.eval.num_tasks = 32

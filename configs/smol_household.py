@@ -45,6 +45,9 @@ def get_config():
     c.sampling.max_judge_tokens = 16
     c.sampling.prompt_buckets = (256, 384, 512, 768, 1024)
     c.sampling.batch_buckets = (8, 16, 32, 64)  # 64 held-out tasks are sampled in one call
+    # Each trajectory's prompt head (system prompt, intro, task, strategy, start memory: about 160
+    # tokens) is kept across the steps of a rollout: 1.6x faster rollouts (docs/BENCHMARKS.md).
+    c.sampling.prefix_cache = True
     c.train.lr = 1e-5
     c.train.mini_batch_rows = 16
     c.train.micro_batches = 4  # 4 rows a forward: the update's activations stay under 2 GB

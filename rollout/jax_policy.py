@@ -14,7 +14,8 @@ a pool. Setting `params` clears the cache.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -67,11 +68,26 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
 class JaxPolicy:
     """`Policy` over the JAX sampler. `params` is swapped in by the trainer after each update."""
 
-    def __init__(self, graphdef: Any, params: Any, tokenizer: Any, budgets: dict[str, int], *,
-                 prompt_buckets: Sequence[int], batch_buckets: Sequence[int], temperature: float,
-                 top_p: float = 1.0, top_k: int = 0, mesh=None, cache_dtype: str | None = None, shared_prefix: bool = False,
-                 fuse_decode: bool = True, prefix_cache_tokens: int = 0, prefix_cache_bytes: int = 512 << 20,
-                 seed: int = 0):
+    def __init__(
+        self,
+        graphdef: Any,
+        params: Any,
+        tokenizer: Any,
+        budgets: dict[str, int],
+        *,
+        prompt_buckets: Sequence[int],
+        batch_buckets: Sequence[int],
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        mesh=None,
+        cache_dtype: str | None = None,
+        shared_prefix: bool = False,
+        fuse_decode: bool = True,
+        prefix_cache_tokens: int = 0,
+        prefix_cache_bytes: int = 512 << 20,
+        seed: int = 0,
+    ):
         self.tokenizer = tokenizer
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         self.kind_sampling: dict[str, SamplingParams] = {}  # per call kind, overriding `sampling`
@@ -82,14 +98,23 @@ class JaxPolicy:
         for kind, budget in budgets.items():
             check_kind(kind)
             stops = self.stops[kind]
-            cfg = SamplerConfig(max_stop_sequences=max(8, len(stops)), max_stop_len=max([16, *map(len, stops)]),
-                                max_new_tokens=int(budget), max_prompt_len=int(max(prompt_buckets)),
-                                prompt_buckets=tuple(prompt_buckets), max_batch=int(max(batch_buckets)),
-                                batch_buckets=tuple(batch_buckets), eos_ids=eos, pad_id=int(pad),
-                                cache_dtype=cache_dtype, return_embedding=(kind == "strategy"),
-                                shared_prefix=shared_prefix, fuse_decode=bool(fuse_decode),
-                                prefix_cache_tokens=int(prefix_cache_tokens) if kind == "action" else 0,
-                                prefix_cache_bytes=int(prefix_cache_bytes))
+            cfg = SamplerConfig(
+                max_stop_sequences=max(8, len(stops)),
+                max_stop_len=max([16, *map(len, stops)]),
+                max_new_tokens=int(budget),
+                max_prompt_len=int(max(prompt_buckets)),
+                prompt_buckets=tuple(prompt_buckets),
+                max_batch=int(max(batch_buckets)),
+                batch_buckets=tuple(batch_buckets),
+                eos_ids=eos,
+                pad_id=int(pad),
+                cache_dtype=cache_dtype,
+                return_embedding=(kind == "strategy"),
+                shared_prefix=shared_prefix,
+                fuse_decode=bool(fuse_decode),
+                prefix_cache_tokens=int(prefix_cache_tokens) if kind == "action" else 0,
+                prefix_cache_bytes=int(prefix_cache_bytes),
+            )
             self.samplers[kind] = Sampler(graphdef, cfg, mesh=mesh)
         self.params = params
         self.tokens_generated = 0
@@ -130,8 +155,7 @@ class JaxPolicy:
     def encode_prompt(self, messages: Messages) -> list[int]:
         return self.tokenizer.encode(render(messages, self.tokenizer), add_special_tokens=False)
 
-    def generate(self, prompts: list[Messages], kind: str,
-                 keys: Sequence[Hashable] | None = None) -> list[Generation]:
+    def generate(self, prompts: list[Messages], kind: str, keys: Sequence[Hashable] | None = None) -> list[Generation]:
         import time
 
         check_kind(kind)
@@ -144,12 +168,16 @@ class JaxPolicy:
         limit = max(sampler.prompt_buckets)
         too_long = [i for i, p in enumerate(ids) if len(p) > limit]
         if too_long:
-            raise ValueError(f"{kind} prompt {too_long[0]} has {len(ids[too_long[0]])} tokens, more than the "
-                             f"largest prompt bucket {limit}: raise sampling.prompt_buckets")
+            raise ValueError(
+                f"{kind} prompt {too_long[0]} has {len(ids[too_long[0]])} tokens, more than the "
+                f"largest prompt bucket {limit}: raise sampling.prompt_buckets"
+            )
         key = jax.random.fold_in(self._key, self._calls)
         self._calls += 1
         t0 = time.perf_counter()
-        out = sampler.generate(self.params, ids, self.kind_sampling.get(kind, self.sampling), key, stop_sequences=self.stops[kind])
+        out = sampler.generate(
+            self.params, ids, self.kind_sampling.get(kind, self.sampling), key, stop_sequences=self.stops[kind]
+        )
         dt = time.perf_counter() - t0
         self.sample_seconds += dt
         self.seconds_by_kind[kind] += dt
@@ -158,10 +186,14 @@ class JaxPolicy:
         for i, prompt_ids in enumerate(ids):
             n = int(out.lengths[i])
             resp = out.tokens[i, :n].astype(np.int32)
-            gens.append(Generation(
-                text=self.tokenizer.decode(resp, skip_special_tokens=True),
-                prompt_ids=np.asarray(prompt_ids, np.int32), response_ids=resp,
-                logprobs=out.logprobs[i, :n].astype(np.float32),
-                embedding=None if out.embedding is None else out.embedding[i],
-                finish_reason=FINISH_REASONS[int(out.finish_reason[i])]).check())
+            gens.append(
+                Generation(
+                    text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                    prompt_ids=np.asarray(prompt_ids, np.int32),
+                    response_ids=resp,
+                    logprobs=out.logprobs[i, :n].astype(np.float32),
+                    embedding=None if out.embedding is None else out.embedding[i],
+                    finish_reason=FINISH_REASONS[int(out.finish_reason[i])],
+                ).check()
+            )
         return gens

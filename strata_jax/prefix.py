@@ -31,7 +31,7 @@ The update and the scoring share prefixes too (strata_jax/packing.py): they use 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -92,8 +92,14 @@ def group_rows(prompts: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[
     return groups[::-1]
 
 
-def fit_groups(prompts: Sequence[Sequence[int]], groups: list[tuple[list[int], int]], prefix_bucket: int,
-               suffix_bucket: int, min_prefix: int, tails: Sequence[int] | None = None) -> np.ndarray | None:
+def fit_groups(
+    prompts: Sequence[Sequence[int]],
+    groups: list[tuple[list[int], int]],
+    prefix_bucket: int,
+    suffix_bucket: int,
+    min_prefix: int,
+    tails: Sequence[int] | None = None,
+) -> np.ndarray | None:
     """Each row's split [B] for prefix bucket Tpre and suffix bucket Ts, or None when a row cannot fit.
 
     `groups` come from `group_rows`. The rows of a group whose suffix fits in Ts after the group's
@@ -117,9 +123,15 @@ def fit_groups(prompts: Sequence[Sequence[int]], groups: list[tuple[list[int], i
     return splits
 
 
-def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bucket: int,
-                  prefix_buckets: Sequence[int], unique_buckets: Sequence[int], min_prefix: int = 16,
-                  min_saving: float = 0.2) -> PrefixPlan | None:
+def plan_prefixes(
+    prompts: Sequence[Sequence[int]],
+    prompt_bucket: int,
+    batch_bucket: int,
+    prefix_buckets: Sequence[int],
+    unique_buckets: Sequence[int],
+    min_prefix: int = 16,
+    min_saving: float = 0.2,
+) -> PrefixPlan | None:
     """The cheapest sharing plan for these prompts at the unshared shapes [batch_bucket, prompt_bucket],
     or None when none saves at least `min_saving` of the padded prefill tokens. See the module
     docstring."""
@@ -141,9 +153,16 @@ def plan_prefixes(prompts: Sequence[Sequence[int]], prompt_bucket: int, batch_bu
         cost = ub * int(tpre) + batch_bucket * ts
         if best is None or cost < best.cost:
             index = {k: i for i, k in enumerate(prefixes)}
-            best = PrefixPlan(prefixes=prefixes, row_prefix=np.asarray([index[k] for k in keys], np.int32),
-                              split=splits.astype(np.int32), prefix_bucket=int(tpre), suffix_bucket=ts,
-                              unique_bucket=ub, cost=cost, unshared_cost=unshared)
+            best = PrefixPlan(
+                prefixes=prefixes,
+                row_prefix=np.asarray([index[k] for k in keys], np.int32),
+                split=splits.astype(np.int32),
+                prefix_bucket=int(tpre),
+                suffix_bucket=ts,
+                unique_bucket=ub,
+                cost=cost,
+                unshared_cost=unshared,
+            )
     if best is None or best.cost >= unshared or best.cost > (1.0 - min_saving) * unshared:
         return None
     return best
@@ -198,8 +217,9 @@ class PrefixCache:
                 best, best_len = e, n
         return best, best_len
 
-    def assign(self, prompts: Sequence[Sequence[int]], hits: Sequence[tuple[CacheEntry | None, int]]
-               ) -> list[tuple[int, int, int]]:
+    def assign(
+        self, prompts: Sequence[Sequence[int]], hits: Sequence[tuple[CacheEntry | None, int]]
+    ) -> list[tuple[int, int, int]]:
         """End of a call: [(prompt index, pool row, tokens to store)] for the prompts whose first
         `width` tokens (at most len - 1) reach past their match, one per distinct head; entries the
         call did not use are evicted. When more heads are new than rows are free, the longest win."""

@@ -57,7 +57,8 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +67,9 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 
 from strata_jax import cost, sharding
+from strata_jax.batch import smallest_bucket
 from strata_jax.models.heads import token_logprobs
 from strata_jax.models.qwen2 import positions_from_mask, prepare_decode
-from strata_jax.batch import smallest_bucket
 from strata_jax.prefix import PrefixCache, plan_prefixes
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
@@ -109,8 +110,14 @@ class SamplerConfig:
     suffix_buckets: tuple[int, ...] = ()  # lengths after a cached prefix; empty: half octaves from 16
 
     def __post_init__(self):
-        for name in ("max_new_tokens", "max_prompt_len", "max_batch", "max_stop_sequences",
-                     "max_stop_len", "score_chunk"):
+        for name in (
+            "max_new_tokens",
+            "max_prompt_len",
+            "max_batch",
+            "max_stop_sequences",
+            "max_stop_len",
+            "score_chunk",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"SamplerConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("prompt_buckets", "batch_buckets"):
@@ -118,8 +125,10 @@ class SamplerConfig:
             if b and (list(b) != sorted(set(b)) or b[0] < 1):
                 raise ValueError(f"SamplerConfig.{name} must be strictly ascending positive ints, got {b}")
         if int(self.prefix_cache_tokens) < 0 or int(self.prefix_cache_bytes) < 0:
-            raise ValueError(f"SamplerConfig.prefix_cache_tokens / prefix_cache_bytes must be >= 0, got "
-                             f"{self.prefix_cache_tokens} / {self.prefix_cache_bytes}")
+            raise ValueError(
+                f"SamplerConfig.prefix_cache_tokens / prefix_cache_bytes must be >= 0, got "
+                f"{self.prefix_cache_tokens} / {self.prefix_cache_bytes}"
+            )
         if any(int(e) < 0 for e in self.eos_ids):
             raise ValueError(f"SamplerConfig.eos_ids must be >= 0, got {self.eos_ids}")
 
@@ -185,8 +194,10 @@ def pick_bucket(n: int, buckets: Sequence[int], what: str) -> int:
     b = smallest_bucket(n, buckets)
     if b is not None:
         return b
-    raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]} (buckets: {tuple(buckets)}); "
-                     f"raise the SamplerConfig limit or shorten the input")
+    raise ValueError(
+        f"{what} {n} exceeds the largest bucket {buckets[-1]} (buckets: {tuple(buckets)}); "
+        f"raise the SamplerConfig limit or shorten the input"
+    )
 
 
 # ----------------------------------------------------------------------------- token selection
@@ -284,8 +295,9 @@ def _sample_truncated(scaled, key, top_k, top_p):
     return jnp.take_along_axis(order, rank[:, None], axis=1)[:, 0].astype(jnp.int32)
 
 
-def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array) -> jax.Array:
+def sample_tokens(
+    logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
+) -> jax.Array:
     """One token per row from logits [B, V] f32 with per-row settings [B]. Returns [B] int32.
 
     The full-vocabulary sort that top-k / top-p need is skipped (`lax.cond`) when no sampled row
@@ -369,8 +381,14 @@ def _record(s: _State, tok: jax.Array, logits: jax.Array, c: _Consts) -> _State:
     reason = jnp.where(is_eos, FINISH_EOS, jnp.where(is_stop, FINISH_STOP, FINISH_LENGTH))
     finished = active & (is_eos | is_stop | full)
     # Tokens start as pad_id and finished rows are never written again: padding after the end.
-    return s.replace(tokens=tokens, logprobs=logprobs, lengths=lengths, window=window,
-                     done=s.done | finished, reason=jnp.where(finished, reason, s.reason))
+    return s.replace(
+        tokens=tokens,
+        logprobs=logprobs,
+        lengths=lengths,
+        window=window,
+        done=s.done | finished,
+        reason=jnp.where(finished, reason, s.reason),
+    )
 
 
 # ----------------------------------------------------------------------------------- sampler
@@ -416,8 +434,14 @@ class Sampler:
 
     # -------------------------------------------------------------------------- public API
 
-    def generate(self, params: Any, prompts: list[list[int]], sampling: SamplingParams, rng: Any,
-                 stop_sequences: list[list[int]] | None = None) -> SampleOutput:
+    def generate(
+        self,
+        params: Any,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        rng: Any,
+        stop_sequences: list[list[int]] | None = None,
+    ) -> SampleOutput:
         """Sample up to max_new_tokens per prompt. See SampleOutput for the result."""
         import time
 
@@ -442,8 +466,16 @@ class Sampler:
         t1 = time.perf_counter()
         self.seconds["prefill"] += t1 - t0
         state = self._decode(params, state, consts)
-        host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
-                               "reason": state.reason, "emb": state.emb_sum, "step": state.step})
+        host = jax.device_get(
+            {
+                "tokens": state.tokens,
+                "logprobs": state.logprobs,
+                "lengths": state.lengths,
+                "reason": state.reason,
+                "emb": state.emb_sum,
+                "step": state.step,
+            }
+        )
         rows, n = state.tokens.shape
         self.work.add_decode(rows, int(host["step"]), int(consts.prompt_mask.shape[1]) + n)
         lengths = host["lengths"][:b]
@@ -451,8 +483,13 @@ class Sampler:
         if cfg.return_embedding:
             emb = (host["emb"][:b] / np.maximum(lengths, 1)[:, None]).astype(np.float32)
         self.seconds["decode"] += time.perf_counter() - t1
-        return SampleOutput(tokens=host["tokens"][:b], logprobs=host["logprobs"][:b], lengths=lengths,
-                            finish_reason=host["reason"][:b], embedding=emb)
+        return SampleOutput(
+            tokens=host["tokens"][:b],
+            logprobs=host["logprobs"][:b],
+            lengths=lengths,
+            finish_reason=host["reason"][:b],
+            embedding=emb,
+        )
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prompt head (the pool's memory stays allocated for the next ones)."""
@@ -471,19 +508,23 @@ class Sampler:
             return
         cfg = self.config
         w = int(cfg.prefix_cache_tokens)
-        one = jax.eval_shape(lambda p: nnx.merge(self.graphdef, p).init_cache(1, w, dtype=_dtype(cfg.cache_dtype)), params)
+        dtype = _dtype(cfg.cache_dtype)
+        one = jax.eval_shape(lambda p: nnx.merge(self.graphdef, p).init_cache(1, w, dtype=dtype), params)
         row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one))
         rows = min(int(cfg.prefix_cache_bytes) // row_bytes, 2 * max(self.batch_buckets))
         rows -= rows % self._dp
         if rows < 1:
-            raise ValueError(f"SamplerConfig.prefix_cache_bytes = {cfg.prefix_cache_bytes} holds no row of the "
-                             f"prefix cache: one row of {w} tokens' keys and values takes {row_bytes} bytes "
-                             f"(x {self._dp} data-parallel rows); raise it or lower prefix_cache_tokens")
+            raise ValueError(
+                f"SamplerConfig.prefix_cache_bytes = {cfg.prefix_cache_bytes} holds no row of the "
+                f"prefix cache: one row of {w} tokens' keys and values takes {row_bytes} bytes "
+                f"(x {self._dp} data-parallel rows); raise it or lower prefix_cache_tokens"
+            )
         self.prefix_cache = PrefixCache(rows, w, int(cfg.min_shared_prefix))
-        self._pool = self._constrain_cache(jax.jit(
-            lambda p: nnx.merge(self.graphdef, p).init_cache(rows, w, dtype=_dtype(cfg.cache_dtype)))(params))
+        self._pool = self._constrain_cache(
+            jax.jit(lambda p: nnx.merge(self.graphdef, p).init_cache(rows, w, dtype=dtype))(params)
+        )
 
-    def _store_heads(self, state: "_State", prompts, hits, mask: np.ndarray) -> None:
+    def _store_heads(self, state: _State, prompts, hits, mask: np.ndarray) -> None:
         """Copy the call's new prompt heads from its prefill cache into the pool (PrefixCache.assign
         says which, and where). `mask` [BB, Tp] is the prefill's prompt mask on the host: row i's
         prompt token j sits in its j-th unmasked slot, whichever path filled it."""
@@ -500,8 +541,8 @@ class Sampler:
         valid = np.zeros((bb, w), bool)
         for i, row, h in stores:
             dst[i] = row
-            src[i, w - h:] = np.flatnonzero(mask[i])[:h]  # left-padded in the pool, like a prompt
-            valid[i, w - h:] = True
+            src[i, w - h :] = np.flatnonzero(mask[i])[:h]  # left-padded in the pool, like a prompt
+            valid[i, w - h :] = True
         self._pool = self._store(self._pool, state.cache, jnp.asarray(dst), jnp.asarray(src), jnp.asarray(valid))
 
     def _cached_layout(self, prompts, hits, bb: int):
@@ -518,7 +559,7 @@ class Sampler:
             if e is not None:
                 row_entry[i] = e.row
                 start = w - len(e.tokens)  # the entry's token j sits in pool slot start + j
-                pre_mask[i, start:start + n] = True
+                pre_mask[i, start : start + n] = True
         return row_entry, pre_mask, [list(p[n:]) for p, (_, n) in zip(prompts, hits)], ts
 
     def _prepare(self, prompts, sampling: SamplingParams, rng, stop_sequences, hits=None):
@@ -532,8 +573,15 @@ class Sampler:
         tp = pick_bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
         plan = cached = None
         if cfg.shared_prefix:
-            plan = plan_prefixes(prompts, tp, bb, cfg.prefix_bucket_list(), self.batch_buckets,
-                                 cfg.min_shared_prefix, cfg.min_prefix_saving)
+            plan = plan_prefixes(
+                prompts,
+                tp,
+                bb,
+                cfg.prefix_bucket_list(),
+                self.batch_buckets,
+                cfg.min_shared_prefix,
+                cfg.min_prefix_saving,
+            )
         if hits is not None and any(e is not None for e, _ in hits):
             cached = self._cached_layout(prompts, hits, bb)
             if cached is not None and bb * cached[-1] >= (bb * tp if plan is None else plan.cost):
@@ -553,11 +601,13 @@ class Sampler:
         else:
             # [UB, Tpre] prefixes and [BB, Ts] suffixes, each left-padded; the row's prompt mask is
             # its prefix's mask followed by its suffix's, [BB, Tpre + Ts = Tp].
-            pre_tokens, pre_mask = _left_pad([list(x) for x in plan.prefixes], plan.unique_bucket,
-                                             plan.prefix_bucket, cfg.pad_id)
-            pre_mask[len(plan.prefixes):] = False
-            suf_tokens, suf_mask = _left_pad([list(p[s:]) for p, s in zip(prompts, plan.split)], bb,
-                                             plan.suffix_bucket, cfg.pad_id)
+            pre_tokens, pre_mask = _left_pad(
+                [list(x) for x in plan.prefixes], plan.unique_bucket, plan.prefix_bucket, cfg.pad_id
+            )
+            pre_mask[len(plan.prefixes) :] = False
+            suf_tokens, suf_mask = _left_pad(
+                [list(p[s:]) for p, s in zip(prompts, plan.split)], bb, plan.suffix_bucket, cfg.pad_id
+            )
             row_prefix = np.zeros((bb,), np.int32)
             row_prefix[:b] = plan.row_prefix
             mask = np.concatenate([pre_mask[row_prefix], suf_mask], axis=1)
@@ -568,10 +618,13 @@ class Sampler:
             plan = "shared"
         self.work.add(**cost.real(list(map(len, prompts))))
         consts = _Consts(
-            prompt_mask=mask, prompt_len=mask.sum(1).astype(np.int32), row_valid=np.arange(bb) < b,
+            prompt_mask=mask,
+            prompt_len=mask.sum(1).astype(np.int32),
+            row_valid=np.arange(bb) < b,
             **_sampling_arrays(sampling, b, bb),
             **_stop_arrays(stop_sequences, cfg.max_stop_sequences, cfg.max_stop_len),
-            eos_ids=np.asarray(list(cfg.eos_ids) or [-1], np.int32))
+            eos_ids=np.asarray(list(cfg.eos_ids) or [-1], np.int32),
+        )
         tokens, consts = self._place(tokens, consts)
         key = jax.random.key(rng) if isinstance(rng, (int, np.integer)) else rng
         return tokens, consts, key, plan or "plain", mask
@@ -579,14 +632,14 @@ class Sampler:
     def score(self, params: Any, tokens: Any, attention_mask: Any) -> np.ndarray:
         """Teacher-forced log-probs [B, L] (see `score`), bucketed with this sampler's buckets."""
         tokens, mask = _check_score_inputs(tokens, attention_mask)
-        b, l = tokens.shape
+        b, length = tokens.shape
         bb = pick_bucket(b, self.batch_buckets, "batch size")
-        tokens, mask = _pad_for_score(tokens, mask, bb, _next_pow2(max(l, 16)), self.config.pad_id)
+        tokens, mask = _pad_for_score(tokens, mask, bb, _next_pow2(max(length, 16)), self.config.pad_id)
         self.work.add(**cost.dense(*tokens.shape, tokens.shape[1]), **cost.real(np.asarray(mask).sum(axis=1)))
         if self.mesh is not None:
             spec = sharding.data_sharding(self.mesh)
             tokens, mask = jax.device_put(tokens, spec), jax.device_put(mask, spec)
-        return np.asarray(jax.device_get(self._score(params, tokens, mask)))[:b, :l]
+        return np.asarray(jax.device_get(self._score(params, tokens, mask)))[:b, :length]
 
     # -------------------------------------------------------------------------- jitted bodies
 
@@ -666,11 +719,17 @@ class Sampler:
         tok = sample_tokens(logits, key, c.temperature, c.top_k, c.top_p)
         w = c.stop_tokens.shape[1]
         state = _State(
-            cache=cache, step=jnp.int32(0),
-            tokens=jnp.full((b, n), cfg.pad_id, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
-            lengths=jnp.zeros((b,), jnp.int32), done=~c.row_valid,
-            reason=jnp.full((b,), FINISH_LENGTH, jnp.int32), window=jnp.full((b, w), -1, jnp.int32),
-            emb_sum=jnp.zeros((b, last_hidden.shape[-1]), jnp.float32), rng=rng)
+            cache=cache,
+            step=jnp.int32(0),
+            tokens=jnp.full((b, n), cfg.pad_id, jnp.int32),
+            logprobs=jnp.zeros((b, n), jnp.float32),
+            lengths=jnp.zeros((b,), jnp.int32),
+            done=~c.row_valid,
+            reason=jnp.full((b,), FINISH_LENGTH, jnp.int32),
+            window=jnp.full((b, w), -1, jnp.int32),
+            emb_sum=jnp.zeros((b, last_hidden.shape[-1]), jnp.float32),
+            rng=rng,
+        )
         return _record(state, tok, logits, c)
 
     def _decode_impl(self, params, state: _State, c: _Consts) -> _State:
@@ -734,8 +793,9 @@ class Sampler:
             return jax.device_put(x, NamedSharding(self.mesh, spec))
 
         shared = {"stop_tokens", "stop_lens", "eos_ids"}
-        consts = consts.replace(**{f.name: put(getattr(consts, f.name), f.name not in shared)
-                                   for f in dataclasses.fields(consts)})
+        consts = consts.replace(
+            **{f.name: put(getattr(consts, f.name), f.name not in shared) for f in dataclasses.fields(consts)}
+        )
         return jax.tree.map(lambda x: put(x, True), tokens), consts
 
     def _constrain_cache(self, cache):
@@ -759,8 +819,9 @@ class Sampler:
 # ------------------------------------------------------------------------------------- score
 
 
-def teacher_forced_logprobs(model: Any, tokens: jax.Array, attention_mask: jax.Array,
-                            chunk_size: int = 8192) -> jax.Array:
+def teacher_forced_logprobs(
+    model: Any, tokens: jax.Array, attention_mask: jax.Array, chunk_size: int = 8192
+) -> jax.Array:
     """Traceable core of `score`: logp[:, i] = log p(tokens[:, i] | tokens[:, :i]) -> [B, L] f32.
 
     0 at i = 0, at padding, and at the first real token of a row (it has no context). Uses
@@ -789,9 +850,9 @@ def score(graphdef: Any, params: Any, tokens: Any, attention_mask: Any, chunk_si
     `teacher_forced_logprobs` instead.
     """
     tokens, mask = _check_score_inputs(tokens, attention_mask)
-    b, l = tokens.shape
-    tokens, mask = _pad_for_score(tokens, mask, _next_pow2(b), _next_pow2(max(l, 16)), 0)
-    return np.asarray(_score_jit(graphdef, int(chunk_size), params, tokens, mask))[:b, :l]
+    b, length = tokens.shape
+    tokens, mask = _pad_for_score(tokens, mask, _next_pow2(b), _next_pow2(max(length, 16)), 0)
+    return np.asarray(_score_jit(graphdef, int(chunk_size), params, tokens, mask))[:b, :length]
 
 
 # ------------------------------------------------------------------------------ host helpers
@@ -813,9 +874,9 @@ def _left_pad(prompts, bb: int, tp: int, pad_id: int) -> tuple[np.ndarray, np.nd
     tokens = np.full((bb, tp), pad_id, np.int32)
     mask = np.zeros((bb, tp), bool)
     for i, p in enumerate(prompts):
-        tokens[i, tp - len(p):] = np.asarray(p, np.int32)
-        mask[i, tp - len(p):] = True
-    mask[len(prompts):, -1] = True
+        tokens[i, tp - len(p) :] = np.asarray(p, np.int32)
+        mask[i, tp - len(p) :] = True
+    mask[len(prompts) :, -1] = True
     return tokens, mask
 
 
@@ -824,7 +885,9 @@ def _per_row(value, b: int, bb: int, fill, dtype, name: str) -> np.ndarray:
     if a.ndim == 0:
         a = np.full((b,), a, dtype)
     if a.shape != (b,):
-        raise ValueError(f"SamplingParams.{name}: expected a scalar or {b} values (one per prompt), got shape {a.shape}")
+        raise ValueError(
+            f"SamplingParams.{name}: expected a scalar or {b} values (one per prompt), got shape {a.shape}"
+        )
     return np.concatenate([a, np.full((bb - b,), fill, dtype)])
 
 
@@ -856,7 +919,7 @@ def _stop_arrays(stops, n_max: int, w: int) -> dict[str, np.ndarray]:
             raise ValueError(f"stop_sequences[{i}] has length {len(s)}; must be 1..{w} (SamplerConfig.max_stop_len)")
         if min(s) < 0:
             raise ValueError(f"stop_sequences[{i}] contains a negative token id")
-        toks[i, w - len(s):] = s
+        toks[i, w - len(s) :] = s
         lens[i] = len(s)
     return {"stop_tokens": toks, "stop_lens": lens}
 
@@ -873,10 +936,10 @@ def _check_score_inputs(tokens, attention_mask) -> tuple[np.ndarray, np.ndarray]
 
 def _pad_for_score(tokens, mask, bb: int, lb: int, pad_id: int):
     """Right-pad the length (causal: real tokens never see it) and add bucket rows of one token."""
-    b, l = tokens.shape
+    b, length = tokens.shape
     t = np.full((bb, lb), pad_id, np.int32)
     m = np.zeros((bb, lb), bool)
-    t[:b, :l], m[:b, :l] = tokens, mask
+    t[:b, :length], m[:b, :length] = tokens, mask
     m[b:, 0] = True
     return t, m
 

@@ -14,13 +14,11 @@ from rollout.envs.household import HouseholdEnv
 from rollout.jax_policy import JaxPolicy
 from strata_jax import sharding
 from strata_jax.batch import row_kinds
-from strata_jax.models.config import ModelConfig
 from strata_jax.models.hf import load_hf_model, load_tokenizer
-from strata_jax.models.tiny import init_params, make_tiny_model
+from strata_jax.models.tiny import make_tiny_model
 from strata_jax.prefix import PrefixCache
 from strata_jax.sampling import Sampler, SamplerConfig, SamplingParams
-
-VOCAB = 61
+from tests.test_shared_prefix import VOCAB, _model
 
 
 def test_match_takes_the_longest_common_prefix_and_leaves_one_token():
@@ -68,22 +66,26 @@ def test_assign_reuses_the_rows_of_its_hits_when_the_pool_is_full():
     assert sorted(e.tokens for e in cache.entries) == [(1, 2, 0, 0), (7, 8, 0, 0)]
 
 
-def _model(scan_layers=False):
-    hf = dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, intermediate_size=48, hidden_act="silu", rms_norm_eps=1e-6,
-              initializer_range=0.4, tie_word_embeddings=False, rope_theta=1e4, max_position_embeddings=512)
-    return init_params(ModelConfig.from_hf(hf, scan_layers=scan_layers), seed=3)
-
-
-CFG = SamplerConfig(max_new_tokens=10, prompt_buckets=(16, 32, 48, 64), batch_buckets=(4, 8, 16), pad_id=0,
-                    eos_ids=(7,), return_embedding=True, min_shared_prefix=8, min_prefix_saving=0.0)
+CFG = SamplerConfig(
+    max_new_tokens=10,
+    prompt_buckets=(16, 32, 48, 64),
+    batch_buckets=(4, 8, 16),
+    pad_id=0,
+    eos_ids=(7,),
+    return_embedding=True,
+    min_shared_prefix=8,
+    min_prefix_saving=0.0,
+)
 
 
 def _steps(n_steps=4):
     """Prompts of several calls: 3 episodes whose step prompts repeat a head of 22-30 tokens (the
     third one ends after step 1), their later parts new each step, and a row that shares nothing."""
     rng = np.random.default_rng(0)
-    tok = lambda n: [int(x) for x in rng.integers(1, VOCAB, size=n)]
+
+    def tok(n):
+        return [int(x) for x in rng.integers(1, VOCAB, size=n)]
+
     heads = [tok(30), tok(22), tok(26)]
     calls = []
     for t in range(n_steps):
@@ -104,8 +106,9 @@ def _compare(cached_sampler, plain_sampler, params_per_call, calls, temperature)
         np.testing.assert_allclose(out.embedding, ref.embedding, atol=3e-5)
 
 
-@pytest.mark.parametrize("scan_layers,temperature,shared", [(False, 0.0, False), (False, 1.0, True),
-                                                           (True, 1.0, False)])
+@pytest.mark.parametrize(
+    "scan_layers,temperature,shared", [(False, 0.0, False), (False, 1.0, True), (True, 1.0, False)]
+)
 def test_cached_prefill_samples_what_the_uncached_one_does(scan_layers, temperature, shared):
     graphdef, params = _model(scan_layers)
     calls = _steps()
@@ -125,10 +128,7 @@ def test_new_params_clear_the_cache():
     """Keys and values cached with other weights would give other samples: the sampler notices the
     new arrays and starts again (the reference: the uncached sampler on the new params)."""
     graphdef, params = _model()
-    _, other = init_params(ModelConfig.from_hf(dict(
-        model_type="qwen2", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=48, hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.4,
-        tie_word_embeddings=False, rope_theta=1e4, max_position_embeddings=512)), seed=4)
+    _, other = _model(seed=4)
     calls = _steps(3)
     plain = Sampler(graphdef, CFG)
     cached = Sampler(graphdef, dataclasses.replace(CFG, prefix_cache_tokens=24))
@@ -157,27 +157,62 @@ def test_a_pool_too_small_for_one_row_is_refused_with_the_arithmetic():
 
 # ------------------------------------------------------------------- a rollout, end to end
 
-TEXTS = ["go to countertop 1", "take apple 1 from countertop 1", "You open the fridge 1.",
-         "Your task is to: put a clean mug in the coffeemachine.", "Nothing happens.", "<action>look</action>",
-         "<strategy>search the countertops first</strategy>", "<bad_steps>none</bad_steps>"] * 4
+TEXTS = [
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "You open the fridge 1.",
+    "Your task is to: put a clean mug in the coffeemachine.",
+    "Nothing happens.",
+    "<action>look</action>",
+    "<strategy>search the countertops first</strategy>",
+    "<bad_steps>none</bad_steps>",
+] * 4
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen2", TEXTS, vocab_size=384, hidden_size=32,
-                           layers=2, heads=2, kv_heads=1, intermediate_size=64)
+    path = make_tiny_model(
+        tmp_path_factory.mktemp("tiny"),
+        "qwen2",
+        TEXTS,
+        vocab_size=384,
+        hidden_size=32,
+        layers=2,
+        heads=2,
+        kv_heads=1,
+        intermediate_size=64,
+    )
     (graphdef, params), _ = load_hf_model(path, split=True)
     return graphdef, params, load_tokenizer(path)
 
 
 def _rollout(tiny, cache_tokens):
     graphdef, params, tokenizer = tiny
-    policy = JaxPolicy(graphdef, params, tokenizer, {"strategy": 12, "action": 10, "judge": 8},
-                       prompt_buckets=(256, 512, 1024), batch_buckets=(8, 16), temperature=1.0, seed=3,
-                       prefix_cache_tokens=cache_tokens)
-    cfg = RolloutConfig(mode="strata", num_strategies=2, traj_per_strategy=2, oversample=1, diverse=False,
-                        max_steps=5, revise_every=2, judge_samples=2, judge_train=True, progress=False,
-                        history_length=1, row_multiple=8)
+    policy = JaxPolicy(
+        graphdef,
+        params,
+        tokenizer,
+        {"strategy": 12, "action": 10, "judge": 8},
+        prompt_buckets=(256, 512, 1024),
+        batch_buckets=(8, 16),
+        temperature=1.0,
+        seed=3,
+        prefix_cache_tokens=cache_tokens,
+    )
+    cfg = RolloutConfig(
+        mode="strata",
+        num_strategies=2,
+        traj_per_strategy=2,
+        oversample=1,
+        diverse=False,
+        max_steps=5,
+        revise_every=2,
+        judge_samples=2,
+        judge_train=True,
+        progress=False,
+        history_length=1,
+        row_multiple=8,
+    )
     envs = [HouseholdEnv(max_steps=5, horizon=(2, 3)) for _ in range(8)]
     res = collect(envs, policy, [11, 12], cfg.validate())
     return res, policy

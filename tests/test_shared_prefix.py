@@ -31,8 +31,15 @@ def test_groups_and_plan_by_hand():
     groups = sorted((sorted(r), p) for r, p in group_rows(prompts, min_prefix=4))
     # rows 1 and 4 share 5 tokens ([9] * 5): 5 saved; rows 0, 2, 3 share 20: 40 saved
     assert groups == [([0, 2, 3], 20), ([1, 4], 5)]
-    plan = plan_prefixes(prompts, prompt_bucket=32, batch_bucket=8, prefix_buckets=(8, 16, 24),
-                         unique_buckets=(2, 4, 8), min_prefix=4, min_saving=0.0)
+    plan = plan_prefixes(
+        prompts,
+        prompt_bucket=32,
+        batch_bucket=8,
+        prefix_buckets=(8, 16, 24),
+        unique_buckets=(2, 4, 8),
+        min_prefix=4,
+        min_saving=0.0,
+    )
     # Tpre 24 (Ts 8): group a keeps its 20-token prefix (suffixes 1-3 tokens fit in 8); rows 1, 4
     # keep [9] * 5 (suffixes 7 and 1): 2 unique prefixes, bucket 2 -> 2 x 24 + 8 x 8 = 112.
     # Tpre 16 (Ts 16): a's prefix cut to 16 (suffixes 5-7), [9] * 5 as well: 2 x 16 + 8 x 16 = 160.
@@ -56,25 +63,51 @@ def test_plan_gives_a_private_prefix_to_a_row_whose_suffix_would_not_fit():
     assert len(plan.prefixes) == 2 and plan.cost == 2 * 48 + 4 * 16
 
 
-def _model(scan_layers=False):
-    hf = dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, intermediate_size=48, hidden_act="silu", rms_norm_eps=1e-6,
-              initializer_range=0.4, tie_word_embeddings=False, rope_theta=1e4, max_position_embeddings=512)
-    return init_params(ModelConfig.from_hf(hf, scan_layers=scan_layers), seed=3)
+def _model(scan_layers=False, seed=3):
+    """A random 2-layer decoder (its init range wide enough that rows given another's prefix differ)."""
+    hf = dict(
+        model_type="qwen2",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        initializer_range=0.4,
+        tie_word_embeddings=False,
+        rope_theta=1e4,
+        max_position_embeddings=512,
+    )
+    return init_params(ModelConfig.from_hf(hf, scan_layers=scan_layers), seed=seed)
 
 
 def _prompts():
     rng = np.random.default_rng(0)
-    tok = lambda n: [int(x) for x in rng.integers(1, VOCAB, size=n)]
+
+    def tok(n):
+        return [int(x) for x in rng.integers(1, VOCAB, size=n)]
+
     strategy_a, strategy_b = tok(27), tok(33)
-    return ([strategy_a] * 3  # step 0 of M = 3 trajectories: identical prompts
-            + [strategy_b + tok(n) for n in (4, 9, 13)]  # later steps: a shared prefix, own suffixes
-            + [tok(19)])  # a row that shares nothing
+    return (
+        [strategy_a] * 3  # step 0 of M = 3 trajectories: identical prompts
+        + [strategy_b + tok(n) for n in (4, 9, 13)]  # later steps: a shared prefix, own suffixes
+        + [tok(19)]
+    )  # a row that shares nothing
 
 
-CFG = SamplerConfig(max_new_tokens=10, prompt_buckets=(16, 32, 48, 64), batch_buckets=(4, 8, 16), pad_id=0,
-                    eos_ids=(7,), return_embedding=True, prefix_buckets=(16, 24, 32, 40),
-                    min_shared_prefix=8, min_prefix_saving=0.0)
+CFG = SamplerConfig(
+    max_new_tokens=10,
+    prompt_buckets=(16, 32, 48, 64),
+    batch_buckets=(4, 8, 16),
+    pad_id=0,
+    eos_ids=(7,),
+    return_embedding=True,
+    prefix_buckets=(16, 24, 32, 40),
+    min_shared_prefix=8,
+    min_prefix_saving=0.0,
+)
 
 
 @pytest.mark.parametrize("scan_layers,temperature", [(False, 0.0), (False, 1.0), (True, 1.0)])
