@@ -1,7 +1,7 @@
 """strata_jax command line.
 
-    python launch.py                                   # the embedded default: sft + StraTA, tiny model, signpost corridor
-    python launch.py train --config configs/strata_alfworld.py --config.algo.delta=0.25 --workdir runs/x
+    python launch.py                          # the embedded default: SFT + StraTA, tiny model, signpost corridor
+    python launch.py train --config configs/paper.py:strata,alfworld --config.algo.delta=0.25 --workdir runs/x
     python launch.py eval   --workdir runs/x           # success overall / per task type / per horizon bucket
     python launch.py sft    --config configs/tiny_household.py --workdir runs/x
     python launch.py ablate --workdir runs/x --grid delta=0.25,0.5,0.75,1 --grid kappa=0,0.1,0.2
@@ -38,11 +38,24 @@ def define_flags() -> None:
     of ours could name it in one line.
     """
     config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "Experiment config file.", lock_config=True)
-    flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, plots). Default: runs/<config name>.")
-    flags.DEFINE_multi_string("grid", [], "ablate: NAME=v1,v2,... (delta, kappa, gamma, beacon_gamma, lam_strategy, "
-                              "lam_seg, omega, invalid_penalty); repeat for a product grid.")
-    flags.DEFINE_bool("train", False, "ablate: train one copy of the model per grid point, all in one vmapped "
-                      "program (rollout/population.py), instead of re-scoring a run's saved batches.")
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "Run directory (checkpoints, metrics, plots). Default: runs/<config name>, "
+        "runs/ALGO_ENV for configs/paper.py:ALGO,ENV.",
+    )
+    flags.DEFINE_multi_string(
+        "grid",
+        [],
+        "ablate: NAME=v1,v2,... (delta, kappa, gamma, beacon_gamma, lam_strategy, "
+        "lam_seg, omega, invalid_penalty); repeat for a product grid.",
+    )
+    flags.DEFINE_bool(
+        "train",
+        False,
+        "ablate: train one copy of the model per grid point, all in one vmapped "
+        "program (rollout/population.py), instead of re-scoring a run's saved batches.",
+    )
     flags.DEFINE_string("out", None, "export: output directory for the Hugging Face model.")
     flags.DEFINE_bool("dry_run", False, "Validate and print the resolved config, then exit.")
 
@@ -50,8 +63,17 @@ def define_flags() -> None:
 def _workdir(config) -> pathlib.Path:
     if FLAGS.workdir:
         return pathlib.Path(FLAGS.workdir)
-    name = pathlib.Path(config_flags.get_config_filename(FLAGS["config"])).stem
-    return REPO / "runs" / name
+    return REPO / "runs" / run_name(config_flags.get_config_filename(FLAGS["config"]))
+
+
+def run_name(config_spec: str) -> str:
+    """The default run directory's name for `--config config_spec`: the config file's name, or for
+    a parameterised one (`file.py:arg`) the argument, each run of characters other than letters,
+    digits, - and _ as one _ (configs/paper.py:strata+beacon,alfworld -> strata_beacon_alfworld)."""
+    import re
+
+    path, _, arg = config_spec.partition(":")
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", arg).strip("_") or pathlib.Path(path).stem
 
 
 def main(argv: list[str]) -> int:
@@ -76,8 +98,10 @@ def main(argv: list[str]) -> int:
         print(config)
         return 0
     if FLAGS.train and mode != "ablate":
-        print("usage error: --train belongs to the ablate mode: launch.py ablate --train --grid NAME=v1,v2",
-              file=sys.stderr)
+        print(
+            "usage error: --train belongs to the ablate mode: launch.py ablate --train --grid NAME=v1,v2",
+            file=sys.stderr,
+        )
         return 2
     if mode == "ablate":  # a bad grid fails before any model is built
         from rollout.ablate import parse_grid
@@ -89,8 +113,11 @@ def main(argv: list[str]) -> int:
             print(f"grid error: {e}", file=sys.stderr)
             return 2
         if FLAGS.train and config.mesh.rollout_shards > 1:  # rollout/population.py would refuse it after SFT
-            print(f"config error: ablate --train collects each copy's rollouts as one shard; "
-                  f"config.mesh.rollout_shards={config.mesh.rollout_shards}: set it to 0 or 1", file=sys.stderr)
+            print(
+                f"config error: ablate --train collects each copy's rollouts as one shard; "
+                f"config.mesh.rollout_shards={config.mesh.rollout_shards}: set it to 0 or 1",
+                file=sys.stderr,
+            )
             return 2
     workdir = _workdir(config)
     from rollout.jit_cache import enable_jit_cache
@@ -126,12 +153,21 @@ def input_errors() -> tuple[type, ...]:
     from rollout.envs.base import GamesNotFoundError
     from rollout.warmstart import ModelPathError
     from strata_jax.memory import DoesNotFitError
-    from strata_jax.models.config import ConfigError as ModelConfigError, UnsupportedArchitectureError
+    from strata_jax.models.config import ConfigError as ModelConfigError
+    from strata_jax.models.config import UnsupportedArchitectureError
     from strata_jax.models.gguf import GGUFError
     from strata_jax.models.hf import CheckpointMismatchError, NotAModelDirectoryError
 
-    return (ModelPathError, GGUFError, CheckpointMismatchError, NotAModelDirectoryError,
-            UnsupportedArchitectureError, ModelConfigError, GamesNotFoundError, DoesNotFitError)
+    return (
+        ModelPathError,
+        GGUFError,
+        CheckpointMismatchError,
+        NotAModelDirectoryError,
+        UnsupportedArchitectureError,
+        ModelConfigError,
+        GamesNotFoundError,
+        DoesNotFitError,
+    )
 
 
 def _error_kind(e: BaseException) -> str:

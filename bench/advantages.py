@@ -47,13 +47,20 @@ def make_batch(rng) -> dict:
     mask = np.arange(H) < lengths[..., None]
     won = rng.random((P, N, M)) < 0.4
     return dict(
-        step_mask=mask, won=won, episode_return=(10.0 * won).astype(np.float32),
-        env_reward=np.zeros((P, N, M, H), np.float32), invalid=rng.random((P, N, M, H)) < 0.05,
-        milestone=rng.random((P, N, M, H)) < 0.08, judged_bad=rng.random((P, N, M, H)) < 0.1,
+        step_mask=mask,
+        won=won,
+        episode_return=(10.0 * won).astype(np.float32),
+        env_reward=np.zeros((P, N, M, H), np.float32),
+        invalid=rng.random((P, N, M, H)) < 0.05,
+        milestone=rng.random((P, N, M, H)) < 0.08,
+        judged_bad=rng.random((P, N, M, H)) < 0.1,
         anchor_id=rng.integers(0, 40, (P, N, M, H)).astype(np.int64),
         action_id=rng.integers(0, 6, (P, N, M, H)).astype(np.int64),
-        strategy_mask=np.ones((P, N), bool), strategy_len=rng.integers(20, 90, (P, N)).astype(np.int32),
-        strategy_malformed=rng.random((P, N)) < 0.1, horizon=rng.integers(2, 12, P).astype(np.int32))
+        strategy_mask=np.ones((P, N), bool),
+        strategy_len=rng.integers(20, 90, (P, N)).astype(np.int32),
+        strategy_malformed=rng.random((P, N)) < 0.1,
+        horizon=rng.integers(2, 12, P).astype(np.int32),
+    )
 
 
 def all_algos(batch, params):
@@ -101,8 +108,19 @@ def main():
     t.update(best_times({"jit": lambda: one(batch, params)}, 30))
 
     vals = np.linspace(0.05, 0.95, GRID)
-    grid = stack_params([params.replace(delta=float(v), kappa=float(v) / 5, gamma=float(v), omega=float(v),
-                                        lam_seg=float(v), beacon_gamma=float(v)) for v in vals])
+    grid = stack_params(
+        [
+            params.replace(
+                delta=float(v),
+                kappa=float(v) / 5,
+                gamma=float(v),
+                omega=float(v),
+                lam_seg=float(v),
+                beacon_gamma=float(v),
+            )
+            for v in vals
+        ]
+    )
     print(f"jit, 5 algorithms + diagnostics, P={P} N={N} M={M} H={H}: {t['jit'] * 1e3:.2f} ms/call")
     print(f"numpy reference, same work: {t['ref'] * 1e3:.0f} ms/call")
     print(f"speed-up jit vs reference: {t['ref'] / t['jit']:.0f}x (goal >= 50x)")
@@ -113,10 +131,12 @@ def main():
     for name, fn in cases:
         f1, fg = jax.jit(fn), jax.jit(jax.vmap(fn, in_axes=(None, 0)))
         jax.block_until_ready((f1(batch, params), fg(batch, grid)))
-        bt = best_times({"one": lambda: f1(batch, params), "grid": lambda: fg(batch, grid)}, 10)
+        bt = best_times({"one": lambda f1=f1: f1(batch, params), "grid": lambda fg=fg: fg(batch, grid)}, 10)
         goal = " (goal <= 8x)" if name.startswith("5") else ""
-        print(f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}"
-              f"  ({bt['one'] * 1e3:.2f} ms / {bt['grid'] * 1e3:.2f} ms)")
+        print(
+            f"vmap {GRID}-point grid / 1 point, {name}: {bt['grid'] / bt['one']:.2f}x{goal}"
+            f"  ({bt['one'] * 1e3:.2f} ms / {bt['grid'] * 1e3:.2f} ms)"
+        )
     print(f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC}")
 
 

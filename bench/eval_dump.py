@@ -39,10 +39,14 @@ def main() -> None:
     ap.add_argument("workdir")
     ap.add_argument("--temperature", type=float, default=None, help="default: the config's eval_temperature")
     ap.add_argument("--tasks", type=int, default=None, help="default: the config's eval.num_tasks")
-    ap.add_argument("--first-seed", type=int, default=None,
-                    help="procedural worlds: evaluate seeds from this one instead of the held-out offset; "
-                         "0 = the SFT demonstrations' own tasks (seeds below sft.num_tasks), to compare "
-                         "success on seen and unseen tasks")
+    ap.add_argument(
+        "--first-seed",
+        type=int,
+        default=None,
+        help="procedural worlds: evaluate seeds from this one instead of the held-out offset; "
+        "0 = the SFT demonstrations' own tasks (seeds below sft.num_tasks), to compare "
+        "success on seen and unseen tasks",
+    )
     args = ap.parse_args()
     from rollout.evaluate import evaluation_rollout
     from rollout.run import Run
@@ -71,15 +75,28 @@ def main() -> None:
     kinds = collections.Counter()
     for tr in res.texts["trajectories"]:
         bad = sum(s.get("reason") is not None for s in tr["steps"])
-        kinds["won" if tr["won"] else "lost_all_valid" if bad == 0
-              else "lost_all_invalid" if bad == len(tr["steps"]) else "lost_some_invalid"] += 1
-    name = f"eval_dump_T{temp:g}" + ("" if args.tasks is None else f"_n{len(tasks)}") \
+        kinds[
+            "won"
+            if tr["won"]
+            else "lost_all_valid"
+            if bad == 0
+            else "lost_all_invalid"
+            if bad == len(tr["steps"])
+            else "lost_some_invalid"
+        ] += 1
+    name = (
+        f"eval_dump_T{temp:g}"
+        + ("" if args.tasks is None else f"_n{len(tasks)}")
         + ("" if args.first_seed is None else f"_from{args.first_seed}")
+    )
     out = wd / f"{name}.json"
     out.write_text(json.dumps(res.texts, indent=1, default=str))
     won = np.asarray(res.traj.won)[:, 0, 0]
-    print(f"eval dump: success {won.mean():.3f} on {len(tasks)} tasks (seeds {tasks[0]}..{tasks[-1]}) at T {temp:g}; "
-          + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + f" -> {out}")
+    print(
+        f"eval dump: success {won.mean():.3f} on {len(tasks)} tasks (seeds {tasks[0]}..{tasks[-1]}) at T {temp:g}; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        + f" -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def main():
     b, t, d, v = args.batch, args.length, args.hidden, args.vocab
     r = np.random.default_rng(0)
     h = jnp.asarray(r.normal(size=(b, t, d)), args.dtype)
-    w = jnp.asarray(r.normal(size=(d, v)) * d ** -0.5, jnp.float32)
+    w = jnp.asarray(r.normal(size=(d, v)) * d**-0.5, jnp.float32)
     tgt = jnp.asarray(r.integers(0, v, size=(b, t)), jnp.int32)
     a = jnp.asarray(r.normal(size=(b, t)), jnp.float32)
 
@@ -65,11 +65,13 @@ def main():
         t0 = time.perf_counter()
         jax.block_until_ready(step(h, w))
         times.append(time.perf_counter() - t0)
-    print(f"head fwd+bwd B={b} T={t} D={d} V={v} {args.dtype}{' +entropy' if args.entropy else ''}"
-          f"{', autodiff backward' if args.autodiff else ', hand-written backward'} "
-          f"on {jax.devices()[0].device_kind}: {1e3 * min(times):.1f} ms (min of {args.iters}), "
-          f"{(cost or {}).get('bytes accessed', float('nan')) / 1e9:.3f} GB per chunk "
-          f"(load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"head fwd+bwd B={b} T={t} D={d} V={v} {args.dtype}{' +entropy' if args.entropy else ''}"
+        f"{', autodiff backward' if args.autodiff else ', hand-written backward'} "
+        f"on {jax.devices()[0].device_kind}: {1e3 * min(times):.1f} ms (min of {args.iters}), "
+        f"{(cost or {}).get('bytes accessed', float('nan')) / 1e9:.3f} GB per chunk "
+        f"(load average {os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -18,14 +18,15 @@ bucket (short L* <= 4, medium 5..7, long >= 8).
 `--world doors` runs the same study on the corridor of configs/tiny_doors.py (one step per door,
 `--horizon` doors, its own 200-step format-only warm start): credit assignment over a long
 horizon where the tiny model can learn the choice (docs/RESULTS.md). `--world signs` is the
-signpost corridor of issue #15 (rollout/envs/doors.py, `env.doors_sign_at`): three colours a door,
-and from door `--sign-at`+1 on the colour that opens is the one a sign at that door names.
+signpost corridor (rollout/envs/doors.py, `env.doors_sign_at`): three colours a door, and from
+door `--sign-at`+1 on the colour that opens is the one a sign at that door names.
 
-An entry of `--algos` may carry a variant (issue #15's arms, each from the same warm start):
-`ALGO:revise` revises the strategy every `--revise-every` steps (default: `--sign-at`), and the
-warm start then holds the expert's revision rows; `ALGO:judge` trains the self-judgment
-(`judge.samples = --judge-samples`, `algo.judge_train`), `ALGO:judge-untrained` draws as many
-judgments without training them (the control). An entry without a variant revises nothing.
+An entry of `--algos` may carry a variant (the revision and judgment arms, each from the same
+warm start): `ALGO:revise` revises the strategy every `--revise-every` steps (default:
+`--sign-at`), and the warm start then holds the expert's revision rows; `ALGO:judge` trains the
+self-judgment (`judge.samples = --judge-samples`, `algo.judge_train`), `ALGO:judge-untrained`
+draws as many judgments without training them (the control). An entry without a variant revises
+nothing.
 StraTA's ablation arms: `strata:vanilla` (N strategies sampled, no self-judgment),
 `strata:diverse` (farthest-point selection of N among 4N candidates, no self-judgment) and
 `strata:full` (both); plain `strata` on the corridors samples N and judges (the "+judgment" arm).
@@ -67,8 +68,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rollout.report import BUCKETS, read_metrics  # noqa: E402  (after the repo is on the path)
+from strata_jax.names import ALGOS  # noqa: E402
 
-ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 TRAIN_CURVES = ("outcome_full", "outcome_partial", "outcome_none", "esu", "car")
 
 
@@ -85,11 +86,15 @@ def parse_arm(arm: str) -> tuple[str, str]:
     """'strata:revise' -> ('strata', 'revise'); 'grpo' -> ('grpo', '')."""
     algo, _, variant = arm.partition(":")
     if algo not in ALGOS or (variant and variant not in VARIANTS):
-        raise SystemExit(f"--algos: unknown entry {arm!r}; an algorithm of {', '.join(ALGOS)}, optionally "
-                         f"with one variant of {', '.join(VARIANTS)} (e.g. strata:revise)")
+        raise SystemExit(
+            f"--algos: unknown entry {arm!r}; an algorithm of {', '.join(ALGOS)}, optionally "
+            f"with one variant of {', '.join(VARIANTS)} (e.g. strata:revise)"
+        )
     if variant and not algo.startswith("strata"):
-        raise SystemExit(f"--algos: {arm!r}: the variants are StraTA's (strategies, revision, self-judgment); "
-                         f"{algo} samples no strategies")
+        raise SystemExit(
+            f"--algos: {arm!r}: the variants are StraTA's (strategies, revision, self-judgment); "
+            f"{algo} samples no strategies"
+        )
     return algo, variant
 
 
@@ -106,6 +111,8 @@ def base_config(args):
 
     The warm start's demonstrations hold revision rows when an arm revises (`algo.revise_every`
     is set here, for SFT; run_config sets every arm's own)."""
+    if args.world == "smol":
+        return smol_base(args)
     if args.world in ("doors", "signs"):
         from configs.tiny_doors import doors
 
@@ -189,20 +196,26 @@ def summarise(rows: list[dict]) -> dict:
     evals = [r for r in rows if "eval/success" in r]
     start, end = evals[0], evals[-1]
     train = [r for r in rows if "train/success" in r]
-    out = {"eval_start": start["eval/success"], "eval_end": end["eval/success"],
-           "greedy_start": start.get("eval_greedy/success"), "greedy_end": end.get("eval_greedy/success"),
-           "train_success_first": train[0]["train/success"], "train_success_last": train[-1]["train/success"],
-           "esu": _mean([r.get("train/esu") for r in train]), "car": _mean([r.get("train/car") for r in train]),
-           "invalid_rate": _mean([r.get("train/invalid_rate") for r in train]),
-           "iteration_s": _mean([r.get("time/iteration_s") for r in train]),
-           "curve": [(r["iteration"], r["eval/success"]) for r in evals],
-           "bucket_curves": {b: [(r["iteration"], r.get(f"eval/success_{b}")) for r in evals] for b in BUCKETS},
-           # per training iteration, for training_diagnostics.png: BEACON's Figure 2a (the outcome
-           # split: every milestone / some / none) and 2b (CAR, ESU)
-           "train_curves": {k: [r.get(f"train/{k}") for r in train] for k in TRAIN_CURVES},
-           # issue #15's arms: the majority judgment against the environment's labels, per iteration
-           "judge_precision": [r.get("judge/precision") for r in train],
-           "judge_recall": [r.get("judge/recall") for r in train]}
+    out = {
+        "eval_start": start["eval/success"],
+        "eval_end": end["eval/success"],
+        "greedy_start": start.get("eval_greedy/success"),
+        "greedy_end": end.get("eval_greedy/success"),
+        "train_success_first": train[0]["train/success"],
+        "train_success_last": train[-1]["train/success"],
+        "esu": _mean([r.get("train/esu") for r in train]),
+        "car": _mean([r.get("train/car") for r in train]),
+        "invalid_rate": _mean([r.get("train/invalid_rate") for r in train]),
+        "iteration_s": _mean([r.get("time/iteration_s") for r in train]),
+        "curve": [(r["iteration"], r["eval/success"]) for r in evals],
+        "bucket_curves": {b: [(r["iteration"], r.get(f"eval/success_{b}")) for r in evals] for b in BUCKETS},
+        # per training iteration, for training_diagnostics.png: BEACON's Figure 2a (the outcome
+        # split: every milestone / some / none) and 2b (CAR, ESU)
+        "train_curves": {k: [r.get(f"train/{k}") for r in train] for k in TRAIN_CURVES},
+        # the judged arms: the majority judgment against the environment's labels, per iteration
+        "judge_precision": [r.get("judge/precision") for r in train],
+        "judge_recall": [r.get("judge/recall") for r in train],
+    }
     for b in BUCKETS:
         out[f"start_{b}"] = start.get(f"eval/success_{b}")
         out[f"end_{b}"] = end.get(f"eval/success_{b}")
@@ -220,25 +233,39 @@ def _ms(xs) -> str:
 
 
 def table(results: dict, algos, seeds) -> str:
-    """The study's table: one line per arm, mean ± sd over seeds. With judged arms (issue #15),
-    two more columns: the majority judgment's precision and recall against the environment's
-    labels in the last training iteration."""
+    """The study's table: one line per arm, mean ± sd over seeds. With judged arms, two more
+    columns: the majority judgment's precision and recall against the environment's labels in the
+    last training iteration."""
     judged = any(r.get("judge_precision") and r["judge_precision"][-1] is not None for r in results.values())
-    head = ("| algorithm | held-out success: SFT start | after training | greedy after | short | medium | long "
-            "| ESU | CAR | invalid rate | s / iteration |" + (" judge precision (last) | judge recall (last) |"
-                                                                if judged else ""))
+    head = (
+        "| algorithm | held-out success: SFT start | after training | greedy after | short | medium | long "
+        "| ESU | CAR | invalid rate | s / iteration |"
+        + (" judge precision (last) | judge recall (last) |" if judged else "")
+    )
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
     for a in algos:
         rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
         if not rs:
             continue
         extra = [_ms([(r.get(k) or [None])[-1] for r in rs]) for k in ("judge_precision", "judge_recall")]
-        lines.append("| " + " | ".join([
-            a, _ms([r["eval_start"] for r in rs]), _ms([r["eval_end"] for r in rs]),
-            _ms([r["greedy_end"] for r in rs]),
-            *[_ms([r[f"end_{b}"] for r in rs]) for b in BUCKETS],
-            _ms([r["esu"] for r in rs]), _ms([r["car"] for r in rs]), _ms([r["invalid_rate"] for r in rs]),
-            f"{_mean([r['iteration_s'] for r in rs]):.1f}", *(extra if judged else [])]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    a,
+                    _ms([r["eval_start"] for r in rs]),
+                    _ms([r["eval_end"] for r in rs]),
+                    _ms([r["greedy_end"] for r in rs]),
+                    *[_ms([r[f"end_{b}"] for r in rs]) for b in BUCKETS],
+                    _ms([r["esu"] for r in rs]),
+                    _ms([r["car"] for r in rs]),
+                    _ms([r["invalid_rate"] for r in rs]),
+                    f"{_mean([r['iteration_s'] for r in rs]):.1f}",
+                    *(extra if judged else []),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -270,7 +297,7 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
     panels.append(("end", None))
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     width = 0.8 / max(len(algos), 1)
-    for ax, (when, it) in zip(axes[0], panels):
+    for ax, (_when, it) in zip(axes[0], panels):
         for k, a in enumerate(algos):
             rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
             if not rs:
@@ -283,8 +310,12 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
         ax.set_xticks(np.arange(3) + width * (len(algos) - 1) / 2)
         ax.set_xticklabels(["short (L* ≤ 4)", "medium (5-7)", "long (≥ 8)"])
         ax.set_ylabel("held-out success " + ("after training" if it is None else f"at iteration {it}"))
-        ax.set_title("Success by horizon bucket " + ("after training" if it is None else f"at iteration {it}")
-                     + ", mean ± sd over seeds", fontsize=10)
+        ax.set_title(
+            "Success by horizon bucket "
+            + ("after training" if it is None else f"at iteration {it}")
+            + ", mean ± sd over seeds",
+            fontsize=10,
+        )
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend()
     fig.tight_layout()
@@ -325,8 +356,13 @@ def training_diagnostics(results: dict, algos, seeds, out: pathlib.Path, world: 
     import matplotlib.pyplot as plt
     import numpy as np
 
-    panels = [("outcome_full", "full: won"), ("outcome_partial", "partial: a milestone, not won"),
-              ("outcome_none", "none: no milestone"), ("car", "CAR"), ("esu", "ESU (share of non-zero advantages)")]
+    panels = [
+        ("outcome_full", "full: won"),
+        ("outcome_partial", "partial: a milestone, not won"),
+        ("outcome_none", "none: no milestone"),
+        ("car", "CAR"),
+        ("esu", "ESU (share of non-zero advantages)"),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     for ax, (key, label) in zip(axes, panels):
         for a in algos:
@@ -382,21 +418,31 @@ def default_gains(seeds, out: pathlib.Path, progress: bool) -> dict:
         runs[s] = {k: r[k] for k in ("eval_start", "eval_end", "greedy_start", "greedy_end", "curve")}
         runs[s]["gain"] = r["eval_end"] - r["eval_start"]
         runs[s]["greedy_gain"] = (r["greedy_end"] - r["greedy_start"]) if r["greedy_start"] is not None else None
-        print(f"seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
-              f"(greedy {r['greedy_start']:.3f} -> {r['greedy_end']:.3f}), {time.perf_counter() - t1:.0f} s", flush=True)
+        print(
+            f"seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
+            f"(greedy {r['greedy_start']:.3f} -> {r['greedy_end']:.3f}), {time.perf_counter() - t1:.0f} s",
+            flush=True,
+        )
     gains = np.asarray([runs[s]["gain"] for s in seeds])
-    line = (f"embedded default held-out success gain: {gains.mean():+.3f} ± {gains.std():.3f} over seeds "
-            f"{list(seeds)} (each: {', '.join(f'{g:+.3f}' for g in gains)}; min {gains.min():+.3f})")
-    (out / "default_gain.json").write_text(json.dumps({"runs": runs, "mean": float(gains.mean()),
-                                                       "sd": float(gains.std()), "line": line}, indent=1))
+    line = (
+        f"embedded default held-out success gain: {gains.mean():+.3f} ± {gains.std():.3f} over seeds "
+        f"{list(seeds)} (each: {', '.join(f'{g:+.3f}' for g in gains)}; min {gains.min():+.3f})"
+    )
+    (out / "default_gain.json").write_text(
+        json.dumps({"runs": runs, "mean": float(gains.mean()), "sd": float(gains.std()), "line": line}, indent=1)
+    )
     default_plot(runs, seeds, out, gain=f"{gains.mean():+.3f} ± {gains.std():.3f} over seeds {list(seeds)}")
     return {"runs": runs, "line": line}
 
 
 # `--ablation`: the same arms on the embedded default, which samples N strategies and judges, so
 # its own run is the "+judgment" arm.
-ABLATION = {"vanilla": ABLATION_VARIANTS["vanilla"], "+diverse": ABLATION_VARIANTS["diverse"], "+judgment": (1, True),
-            "full": ABLATION_VARIANTS["full"]}
+ABLATION = {
+    "vanilla": ABLATION_VARIANTS["vanilla"],
+    "+diverse": ABLATION_VARIANTS["diverse"],
+    "+judgment": (1, True),
+    "full": ABLATION_VARIANTS["full"],
+}
 DEFAULT_ARM = "+judgment"
 
 
@@ -412,8 +458,10 @@ def ablation_config(default, arm: str, seed: int, model_path: str | None):
     if not c.algo.name.startswith("strata"):
         raise SystemExit(f"--ablation is StraTA's ablation; the embedded default runs {c.algo.name!r}")
     if (c.algo.oversample, c.algo.judgment) != ABLATION[DEFAULT_ARM]:
-        raise SystemExit(f"--ablation: the embedded default (oversample {c.algo.oversample}, judgment "
-                         f"{c.algo.judgment}) is no longer the {DEFAULT_ARM!r} arm; update ABLATION")
+        raise SystemExit(
+            f"--ablation: the embedded default (oversample {c.algo.oversample}, judgment "
+            f"{c.algo.judgment}) is no longer the {DEFAULT_ARM!r} arm; update ABLATION"
+        )
     c.seed = int(seed)
     c.algo.oversample, c.algo.diverse, c.algo.judgment = oversample, oversample > 1, judgment
     if arm != DEFAULT_ARM:
@@ -441,8 +489,11 @@ def ablation(seeds, out: pathlib.Path, progress: bool) -> dict:
                     raise SystemExit(f"{full}: the default's run (which builds seed {s}'s SFT model) has not run")
                 trainer.train(c, wd)
             runs[f"{arm}/s{s}"] = r = summarise(read_metrics(wd))
-            print(f"{arm} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
-                  f"({time.perf_counter() - t1:.0f} s)", flush=True)
+            print(
+                f"{arm} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f} "
+                f"({time.perf_counter() - t1:.0f} s)",
+                flush=True,
+            )
     md = ablation_table(runs, seeds)
     (out / "ablation.json").write_text(json.dumps({"seeds": list(seeds), "runs": runs}, indent=1))
     (out / "ablation.md").write_text(md + "\n")
@@ -453,8 +504,10 @@ def ablation(seeds, out: pathlib.Path, progress: bool) -> dict:
 def ablation_table(runs: dict, seeds) -> str:
     """One line per arm: held-out success at the start and the end, the gain, mean ± sd over seeds,
     and the gain's difference to vanilla in every seed (the arms of a seed share a start)."""
-    lines = ["| arm | strategies | judgment | held-out start | end | gain | gain - vanilla's, per seed |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | strategies | judgment | held-out start | end | gain | gain - vanilla's, per seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
     van = [runs[f"vanilla/s{s}"]["eval_end"] - runs[f"vanilla/s{s}"]["eval_start"] for s in seeds]
     for arm, (oversample, judgment) in ABLATION.items():
         rs = [runs.get(f"{arm}/s{s}") for s in seeds]
@@ -462,9 +515,12 @@ def ablation_table(runs: dict, seeds) -> str:
             continue
         gain = [r["eval_end"] - r["eval_start"] for r in rs]
         pick = f"farthest N of {oversample}N" if oversample > 1 else "N sampled"
-        lines.append(f"| {arm} | {pick} | {'on' if judgment else 'off'} | "
-                     f"{_ms([r['eval_start'] for r in rs])} | {_ms([r['eval_end'] for r in rs])} | {_ms(gain)} | "
-                     + ", ".join(f"{g - v:+.3f}" for g, v in zip(gain, van)) + " |")
+        lines.append(
+            f"| {arm} | {pick} | {'on' if judgment else 'off'} | "
+            f"{_ms([r['eval_start'] for r in rs])} | {_ms([r['eval_end'] for r in rs])} | {_ms(gain)} | "
+            + ", ".join(f"{g - v:+.3f}" for g, v in zip(gain, van))
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -510,7 +566,7 @@ def default_plot(runs: dict, seeds, out: pathlib.Path, gain: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in seeds:
         its, ys = zip(*runs[s]["curve"])
-        line, = ax.plot(its, ys, marker="o", label=f"seed {s}: {ys[0]:.3f} -> {ys[-1]:.3f}")
+        (line,) = ax.plot(its, ys, marker="o", label=f"seed {s}: {ys[0]:.3f} -> {ys[-1]:.3f}")
         ax.axhline(ys[0], ls="--", lw=1, color=line.get_color())
     ax.set_xlabel("iteration (0 = SFT start)")
     ax.set_ylabel("held-out success (dashed: each seed's start)")
@@ -523,40 +579,314 @@ def default_plot(runs: dict, seeds, out: pathlib.Path, gain: str) -> None:
     plt.close(fig)
 
 
+# `--world smol`: SmolLM2-135M-Instruct (configs/smol_household.py) from one SFT warm start, RL with
+# LoRA, held-out household success during training and real ALFWorld games at the start and end.
+SMOL_ALGOS = "grpo,beacon,strata"
+
+
+def smol_base(args):
+    """The smol study's shared config: configs/smol_household.py with the study's horizon, its
+    demonstrations in both prompt styles (one warm start for the strategy arms and the flat ones),
+    and the RL levers that leave the algorithm alone: LoRA adapters on the frozen SFT model and no
+    KL term (no reference pass), the prefix cache (on in the config). Every arm is checkpointed
+    each iteration (resumable) and evaluated on the held-out tasks every `--eval-every` iterations
+    and at its end; the start is evaluated once for all arms (`eval.at_start` off in the arms)."""
+    from configs.smol_household import get_config
+
+    c = get_config()
+    c.sft.styles = "both"
+    if args.sft_steps is not None:
+        c.sft.steps = int(args.sft_steps)
+    c.env.horizon_min, c.env.horizon_max = args.horizon
+    c.env.max_steps = max(int(c.env.max_steps), 2 * int(args.horizon[1]))
+    c.algo.tasks_per_iter = int(args.tasks or 4)
+    c.model.lora_rank = int(args.lora_rank)
+    c.train.lr = float(args.lr)
+    c.train.kl_coef = 0.0
+    c.iterations = int(args.iterations)
+    c.eval.every = int(args.eval_every)
+    c.eval.num_tasks = int(args.eval_tasks)
+    c.eval.greedy = False
+    c.checkpoint.every = 1
+    c.log.plots_every = 0
+    c.log.progress = bool(args.progress)
+    if c.eval.num_tasks > max(c.sampling.batch_buckets):
+        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
+    from configs.base import apply_overrides
+
+    return apply_overrides(c, args.set)
+
+
+def smol_alfworld_config(base, model_path: str, n_games: int):
+    """Real ALFWorld valid_unseen games (configs/smol_alfworld.py) for a checkpoint of the study: the
+    same model, adapters and sampling as the household arms."""
+    from configs.base import start_from, validate
+    from configs.smol_alfworld import get_config
+
+    c = get_config()
+    c.model = copy.deepcopy(base.model)
+    c.train = copy.deepcopy(base.train)
+    c.eval.num_tasks = int(n_games)
+    c.eval.greedy = False
+    c.log.progress = bool(base.log.progress)
+    c.seed = int(base.seed)
+    start_from(c, model_path)
+    if c.eval.num_tasks > max(c.sampling.batch_buckets):
+        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
+    return validate(c)
+
+
+def eval_outcomes(workdir: pathlib.Path, iteration: int | None = None) -> dict | None:
+    """The per-task outcomes an evaluation wrote (evals/iter_*.json; the latest without `iteration`)."""
+    files = sorted((workdir / "evals").glob("iter_*.json"))
+    if iteration is not None:
+        files = [f for f in files if f.name == f"iter_{int(iteration):05d}.json"]
+    return json.loads(files[-1].read_text())["eval"] if files else None
+
+
+def evaluate_once(config, workdir: pathlib.Path, checkpoints: pathlib.Path | None = None) -> dict:
+    """`launch.py eval` of a workdir (resumable: an evaluation already written is read back). With
+    `checkpoints`, the workdir evaluates that run's latest checkpoint (linked in)."""
+    from rollout import trainer
+
+    done = eval_outcomes(workdir)
+    if done is not None:
+        return done
+    workdir.mkdir(parents=True, exist_ok=True)
+    if checkpoints is not None and not (workdir / "checkpoints").exists():
+        (workdir / "checkpoints").symlink_to(checkpoints.resolve(), target_is_directory=True)
+    trainer.evaluate_run(config, workdir)
+    return eval_outcomes(workdir)
+
+
+def smol_results(starts: dict, finals: dict, algos, seeds) -> list:
+    """docs/results/smol/results.json: one entry per seed, {"seed", "arms": {arm: {"household":
+    {"start", "final", "tasks"}, "alfworld": {...}}}}, each list a task's outcome (1 won, 0 lost;
+    None where the episode was masked out). `starts[(arm, world)]`, `finals[(arm, seed, world)]`."""
+
+    def won(o):
+        return [w if v else None for w, v in zip(o["won"], o["valid"])] if o else None
+
+    out = []
+    for s in seeds:
+        arms = {}
+        for a in algos:
+            arms[a] = {}
+            for world in ("household", "alfworld"):
+                start, final = starts.get((a, world)), finals.get((a, s, world))
+                if start is None and final is None:
+                    continue
+                arms[a][world] = {"start": won(start), "final": won(final), "tasks": (final or start)["tasks"]}
+        out.append({"seed": int(s), "arms": arms})
+    return out
+
+
+def smol_study(args) -> None:
+    """`--world smol` (module docstring of the smol section above)."""
+    import shutil
+
+    from rollout import trainer
+    from rollout.progress import note
+    from rollout.setup import make_mesh
+    from rollout.warmstart import model_dir
+
+    algos = [a.strip() for a in (args.algos if args.algos != ",".join(ALGOS) else SMOL_ALGOS).split(",")]
+    for a in algos:
+        parse_arm(a)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = smol_base(args)
+    t0 = time.perf_counter()
+    sft_dir = model_dir(base, out / "shared", make_mesh(base))
+    print(f"shared SFT model: {sft_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.sft_only:
+        return
+    # The start, evaluated once per prompt style: with a strategy (the StraTA arms) and without.
+    starts = {}
+    for style in sorted({_style(a) for a in algos}):
+        start_cfg = run_config(base, style, seeds[0], str(sft_dir))
+        starts[(style, "household")] = evaluate_once(start_cfg, out / f"start_{style}_household")
+        line = f"start ({style} prompts): household held-out success {_rate(starts[(style, 'household')]):.3f}"
+        if args.alfworld_tasks:
+            starts[(style, "alfworld")] = evaluate_once(
+                smol_alfworld_config(start_cfg, str(sft_dir), args.alfworld_tasks), out / f"start_{style}_alfworld"
+            )
+            line += f", ALFWorld valid_unseen success {_rate(starts[(style, 'alfworld')]):.3f}"
+        print(line, flush=True)
+    results, finals = {}, {}
+    for s in seeds:
+        for a in algos:
+            wd = out / f"{a.replace('+', '_').replace(':', '_')}_s{s}"
+            cfg = run_config(base, a, s, str(sft_dir))
+            cfg.eval.at_start = False
+            if not finished(wd, int(args.iterations)):
+                t1 = time.perf_counter()
+                trainer.train(cfg, wd)
+                note(f"{a} seed {s}: trained in {time.perf_counter() - t1:.0f} s")
+            finals[(a, s, "household")] = eval_outcomes(wd, int(args.iterations))
+            if args.alfworld_tasks:
+                finals[(a, s, "alfworld")] = evaluate_once(
+                    smol_alfworld_config(cfg, str(sft_dir), args.alfworld_tasks), wd / "alfworld", wd / "checkpoints"
+                )
+            rows = read_metrics(wd)
+            start = starts[(_style(a), "household")]
+            start_row = {"iteration": 0, "eval/success": _rate(start)}
+            start_row.update(_bucket_rates(start))
+            r = summarise([start_row, *rows])
+            if args.alfworld_tasks:
+                r["alfworld_start"] = _rate(starts[(_style(a), "alfworld")])
+                r["alfworld_end"] = _rate(finals[(a, s, "alfworld")])
+            results[f"{a}/s{s}"] = r
+            print(
+                f"{a} seed {s}: household {r['eval_start']:.3f} -> {r['eval_end']:.3f}"
+                + (f", ALFWorld {r['alfworld_start']:.3f} -> {r['alfworld_end']:.3f}" if args.alfworld_tasks else "")
+                + f", {r['iteration_s']:.0f} s/iteration",
+                flush=True,
+            )
+    entries = smol_results(
+        {(a, w): starts[(_style(a), w)] for a in algos for w in ("household", "alfworld") if (_style(a), w) in starts},
+        finals,
+        algos,
+        seeds,
+    )
+    (out / "results.json").write_text(json.dumps(entries, indent=1))
+    (out / "runs.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
+    md = table(results, algos, seeds)
+    if args.alfworld_tasks:
+        md += "\n\n" + alfworld_table(results, algos, seeds)
+    (out / "results.md").write_text(md + "\n")
+    plots(results, algos, seeds, out, "household (SmolLM2-135M)")
+    print(md)
+    if args.results:
+        dest = pathlib.Path(args.results)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in (
+            "results.json",
+            "runs.json",
+            "results.md",
+            "eval_success.png",
+            "success_by_horizon.png",
+            "training_diagnostics.png",
+        ):
+            shutil.copy(out / name, dest / name)
+        print(f"results and figures copied to {dest}")
+    print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+def _style(arm: str) -> str:
+    """The prompt style an arm evaluates in: with a strategy ("strata") or without ("grpo")."""
+    return "strata" if parse_arm(arm)[0].startswith("strata") else "grpo"
+
+
+def _rate(o: dict) -> float:
+    """Success over the valid episodes of one evaluation's outcomes."""
+    won = [w for w, v in zip(o["won"], o["valid"]) if v]
+    return sum(won) / max(len(won), 1)
+
+
+def _bucket_rates(o: dict) -> dict:
+    """eval/success_<bucket> of one evaluation's outcomes, as the trainer's metrics name them."""
+    import numpy as np
+
+    from rollout.evaluate import bucket_of
+
+    won, valid = np.asarray(o["won"]), np.asarray(o["valid"], bool)
+    bucket = bucket_of(np.asarray(o["horizon"]))
+    out = {}
+    for i, name in enumerate(BUCKETS):
+        sel = valid & (bucket == i)
+        if sel.any():
+            out[f"eval/success_{name}"] = float(won[sel].mean())
+            out[f"eval/n_{name}"] = int(sel.sum())
+    return out
+
+
+def alfworld_table(results: dict, algos, seeds) -> str:
+    lines = [
+        "| algorithm | ALFWorld valid_unseen success: SFT start | after training on the household world |",
+        "|---|---|---|",
+    ]
+    for a in algos:
+        rs = [results[f"{a}/s{s}"] for s in seeds if f"{a}/s{s}" in results]
+        if rs:
+            lines.append(f"| {a} | {_ms([r['alfworld_start'] for r in rs])} | {_ms([r['alfworld_end'] for r in rs])} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--default", action="store_true",
-                   help="measure the embedded default (launch.py's DEFAULT_CONFIG) per seed: the gain figure")
-    p.add_argument("--ablation", action="store_true",
-                   help="StraTA's ablation on the embedded default: vanilla, +diverse, +judgment, full per seed")
+    p.add_argument(
+        "--default",
+        action="store_true",
+        help="measure the embedded default (launch.py's DEFAULT_CONFIG) per seed: the gain figure",
+    )
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="StraTA's ablation on the embedded default: vanilla, +diverse, +judgment, full per seed",
+    )
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--algos", default=",".join(ALGOS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--eval-tasks", type=int, default=48)
-    p.add_argument("--sft-steps", type=int, default=None,
-                   help="SFT steps of the shared warm start (household 2000, doors configs/tiny_doors.py's)")
-    p.add_argument("--world", default="household", choices=("household", "doors", "signs"),
-                   help="household (the study), doors (the corridor: credit assignment where the tiny model "
-                        "learns) or signs (the signpost corridor: what a revised strategy carries)")
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="SFT steps of the shared warm start (household 2000, doors configs/tiny_doors.py's)",
+    )
+    p.add_argument(
+        "--world",
+        default="household",
+        choices=("household", "doors", "signs", "smol"),
+        help="household (the study), doors (the corridor: credit assignment where the tiny model "
+        "learns), signs (the signpost corridor: what a revised strategy carries) or smol "
+        "(SmolLM2-135M on the household world, tested on real ALFWorld games)",
+    )
+    p.add_argument("--tasks", type=int, default=0, help="smol: tasks per iteration (default 4)")
+    p.add_argument("--lora-rank", type=int, default=16, help="smol: the RL update's LoRA rank")
+    p.add_argument("--lr", type=float, default=5e-5, help="smol: the RL update's learning rate")
+    p.add_argument(
+        "--alfworld-tasks",
+        type=int,
+        default=32,
+        help="smol: real ALFWorld valid_unseen games evaluated at the start and the end (0 = none)",
+    )
+    p.add_argument(
+        "--results", default=None, help="smol: also write results.json and the figures here (e.g. docs/results/smol)"
+    )
     p.add_argument("--horizon", default="2,8", help="L* range of the tasks: lo,hi")
-    p.add_argument("--sft-tasks", type=int, default=0, help="demonstration tasks of the warm start (0 = the world's own)")
-    p.add_argument("--options", type=int, default=0,
-                   help="doors / signs: doors listed per step (0 = the world's own: 2, signs 3)")
+    p.add_argument(
+        "--sft-tasks", type=int, default=0, help="demonstration tasks of the warm start (0 = the world's own)"
+    )
+    p.add_argument(
+        "--options", type=int, default=0, help="doors / signs: doors listed per step (0 = the world's own: 2, signs 3)"
+    )
     p.add_argument("--max-steps", type=int, default=0, help="steps an episode may take (0 = the world's own)")
-    p.add_argument("--sign-at", type=int, default=0,
-                   help="signs: the sign stands at door N+1 (default: half the most doors)")
+    p.add_argument(
+        "--sign-at", type=int, default=0, help="signs: the sign stands at door N+1 (default: half the most doors)"
+    )
     p.add_argument("--revise-every", type=int, default=0, help="K of the ':revise' arms (default: --sign-at)")
     p.add_argument("--judge-samples", type=int, default=4, help="k judgments a trajectory in the ':judge' arms")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for the warm start and every run, e.g. sft.lr=3e-3 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the warm start and every run, e.g. sft.lr=3e-3 (repeatable)",
+    )
     p.add_argument("--progress", action="store_true", help="per-run progress bars")
     p.add_argument("--sft-only", action="store_true", help="build the shared SFT model, then stop")
     args = p.parse_args()
     args.horizon = tuple(int(x) for x in args.horizon.split(","))
     if args.world == "household" and args.sft_steps is None:
         args.sft_steps = 2000
+    if args.world == "smol":
+        smol_study(args)
+        return
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     for a in algos:
         parse_arm(a)
@@ -564,8 +894,10 @@ def main() -> None:
     if args.world == "signs":
         args.sign_at = args.sign_at or args.horizon[1] // 2
         if not 1 <= args.sign_at < args.horizon[0]:
-            raise SystemExit(f"--sign-at {args.sign_at}: the sign must stand at a door every corridor has "
-                             f"(1 <= N < {args.horizon[0]}, the fewest doors)")
+            raise SystemExit(
+                f"--sign-at {args.sign_at}: the sign must stand at a door every corridor has "
+                f"(1 <= N < {args.horizon[0]}, the fewest doors)"
+            )
     elif args.sign_at:
         raise SystemExit("--sign-at is for --world signs")
     args.revise_every = args.revise_every or args.sign_at
@@ -609,8 +941,10 @@ def main() -> None:
             tqdm.write(f"{a} seed {s}: {time.perf_counter() - t1:.0f} s")
         results[f"{a}/s{s}"] = summarise(read_metrics(wd))
         r = results[f"{a}/s{s}"]
-        tqdm.write(f"{a} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f}, "
-                   f"ESU {r['esu']:.3f}, {r['iteration_s']:.1f} s/iteration")
+        tqdm.write(
+            f"{a} seed {s}: held-out success {r['eval_start']:.3f} -> {r['eval_end']:.3f}, "
+            f"ESU {r['esu']:.3f}, {r['iteration_s']:.1f} s/iteration"
+        )
     (out / "results.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
     md = table(results, algos, seeds)
     (out / "results.md").write_text(md + "\n")

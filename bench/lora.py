@@ -56,9 +56,11 @@ def model_memory() -> None:
             pop = weights + second + 4 * (grads + moments + (4 * trained if rank else 0))
             if not rank:  # K full copies: each its own weights too
                 pop = 4 * (weights + grads + moments) + second
-            print(f"lora: {name} {arm}: trained {trained / 1e6:.1f}M of {p / 1e6:.0f}M; one run {one / gb:.1f} GB "
-                  f"({'fits' if one < 80 * gb else 'does not fit'}), population K=4 {pop / gb:.1f} GB "
-                  f"({'fits' if pop < 80 * gb else 'does not fit'})")
+            print(
+                f"lora: {name} {arm}: trained {trained / 1e6:.1f}M of {p / 1e6:.0f}M; one run {one / gb:.1f} GB "
+                f"({'fits' if one < 80 * gb else 'does not fit'}), population K=4 {pop / gb:.1f} GB "
+                f"({'fits' if pop < 80 * gb else 'does not fit'})"
+            )
 
 
 def main() -> None:
@@ -99,11 +101,17 @@ def main() -> None:
     tokens = rng.integers(3, int(hf["vocab_size"]), size=(s, t)).astype(np.int32)
     loss = np.zeros((s, t), bool)
     loss[:, -w:] = True
-    batch = TokenBatch(tokens=tokens, attention_mask=np.ones((s, t), bool), loss_mask=loss,
-                       old_logp=np.full((s, t), -3.0, np.float32) * loss, ref_logp=np.zeros((s, t), np.float32),
-                       advantage=rng.standard_normal((s, t)).astype(np.float32) * loss,
-                       row_index=np.zeros((s, 4), np.int32), row_valid=np.ones(s, bool),
-                       penalty_mask=np.zeros((s, t), bool))
+    batch = TokenBatch(
+        tokens=tokens,
+        attention_mask=np.ones((s, t), bool),
+        loss_mask=loss,
+        old_logp=np.full((s, t), -3.0, np.float32) * loss,
+        ref_logp=np.zeros((s, t), np.float32),
+        advantage=rng.standard_normal((s, t)).astype(np.float32) * loss,
+        row_index=np.zeros((s, 4), np.int32),
+        row_valid=np.ones(s, bool),
+        penalty_mask=np.zeros((s, t), bool),
+    )
     opt = make_optimizer({"lr": 1e-5})
     arms = {}
     for name, rank in _arms(int(r) for r in a.ranks.split(",") if r):
@@ -119,8 +127,12 @@ def main() -> None:
         jax.block_until_ready(state)
         if ma is None:
             ma = step.jitted.lower(state, batch, jnp.float32(0.5)).compile().memory_analysis()
-        arms[name] = {"state": state, "step": step, "times": [],
-                      "bytes": ma.argument_size_in_bytes + ma.temp_size_in_bytes}
+        arms[name] = {
+            "state": state,
+            "step": step,
+            "times": [],
+            "bytes": ma.argument_size_in_bytes + ma.temp_size_in_bytes,
+        }
     for _ in range(a.iters):  # interleaved: a slow spell of the host hits every arm alike
         for arm in arms.values():
             t0 = time.perf_counter()
@@ -132,8 +144,10 @@ def main() -> None:
     print(f"{src.name}: update step on {s} rows x {t} tokens ({w} in the loss), median of {a.iters}")
     for name, arm in arms.items():
         sec, by = statistics.median(arm["times"]), arm["bytes"]
-        print(f"lora: {name}: {sec:.2f} s/step ({sec / ft:.2f}x full), step memory {by / 1e9:.2f} GB "
-              f"({by / fb:.2f}x full)")
+        print(
+            f"lora: {name}: {sec:.2f} s/step ({sec / ft:.2f}x full), step memory {by / 1e9:.2f} GB "
+            f"({by / fb:.2f}x full)"
+        )
     model_memory()
 
 

@@ -55,9 +55,12 @@ def main() -> None:
         ma = step.lower(params, jax.eval_shape(opt.init, params), *shapes).compile().memory_analysis()
         est = memory.estimate(m, "SFT", a.rows, a.length, train=True, remat=scan and remat, window=a.window)
         xla = ma.temp_size_in_bytes + ma.argument_size_in_bytes
-        print(f"memory: {src.name} SFT step {a.rows} x {a.length} tokens, {layout}: XLA {xla / gb:.2f} GB "
-              f"(temporaries {ma.temp_size_in_bytes / gb:.2f} + arguments {ma.argument_size_in_bytes / gb:.2f}), "
-              f"estimate {(est.total - memory.OVERHEAD_BYTES) / gb:.2f} GB", flush=True)
+        print(
+            f"memory: {src.name} SFT step {a.rows} x {a.length} tokens, {layout}: XLA {xla / gb:.2f} GB "
+            f"(temporaries {ma.temp_size_in_bytes / gb:.2f} + arguments {ma.argument_size_in_bytes / gb:.2f}), "
+            f"estimate {(est.total - memory.OVERHEAD_BYTES) / gb:.2f} GB",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -71,12 +71,14 @@ def main():
 
     def torch_fwd():
         with torch.no_grad():
-            ref(input_ids=tt, attention_mask=tm, position_ids=tp).logits
+            return ref(input_ids=tt, attention_mask=tm, position_ids=tp).logits
 
     theirs = _median_time(torch_fwd, args.iters)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    print(f"model_forward tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread: "
-          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f}")
+    print(
+        f"model_forward tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread: "
+        f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f}"
+    )
 
 
 if __name__ == "__main__":

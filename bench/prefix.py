@@ -19,8 +19,11 @@ import sys
 import time
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ARGS.add_argument("--shapes", default="8x4:160+160,4x8:1024+384",
-                  help="comma-separated GxM:PREFIX+SUFFIX (groups x rows per group : token counts)")
+ARGS.add_argument(
+    "--shapes",
+    default="8x4:160+160,4x8:1024+384",
+    help="comma-separated GxM:PREFIX+SUFFIX (groups x rows per group : token counts)",
+)
 ARGS.add_argument("--new", type=int, default=24, help="new tokens per row (the default's action budget)")
 ARGS.add_argument("--repeats", type=int, default=3)
 OPTS = ARGS.parse_args()
@@ -38,9 +41,21 @@ from strata_jax.models.tiny import init_params  # noqa: E402
 from strata_jax.sampling import Sampler, SamplerConfig, SamplingParams  # noqa: E402
 
 VOCAB = 512
-MODEL = dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, intermediate_size=512, hidden_act="silu", rms_norm_eps=1e-6,
-             initializer_range=0.02, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=4096)
+MODEL = dict(
+    model_type="qwen2",
+    vocab_size=VOCAB,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    initializer_range=0.02,
+    tie_word_embeddings=True,
+    rope_theta=1e6,
+    max_position_embeddings=4096,
+)
 
 
 def parse(shape: str) -> tuple[int, int, int, int]:
@@ -70,9 +85,13 @@ def main() -> None:
         prompts = prompts_for(g, m, pre, suf, rng)
         longest = max(map(len, prompts))
         bucket = 1 << (longest - 1).bit_length()
-        base = SamplerConfig(max_new_tokens=OPTS.new, prompt_buckets=(bucket,),
-                             batch_buckets=tuple(sorted({4, 8, 16, 32, 64, len(prompts)})),
-                             eos_ids=(), pad_id=0)
+        base = SamplerConfig(
+            max_new_tokens=OPTS.new,
+            prompt_buckets=(bucket,),
+            batch_buckets=tuple(sorted({4, 8, 16, 32, 64, len(prompts)})),
+            eos_ids=(),
+            pad_id=0,
+        )
         plain = Sampler(graphdef, base)
         shared = Sampler(graphdef, dataclasses.replace(base, shared_prefix=True))
         ref = plain.generate(params, prompts, sp, jax.random.key(0))  # compiles
@@ -87,9 +106,11 @@ def main() -> None:
                 t = time.perf_counter()
                 s.generate(params, prompts, sp, jax.random.key(0))
                 best[i] = min(best[i], time.perf_counter() - t)
-        print(f"prefix {shape:16s} rows {len(prompts):3d}  prefill tokens {tokens[0]:6d} -> {tokens[1]:6d}  "
-              f"generate {1000 * best[0]:7.1f} -> {1000 * best[1]:7.1f} ms  speed-up {best[0] / best[1]:.2f}x  "
-              f"same tokens: {same}")
+        print(
+            f"prefix {shape:16s} rows {len(prompts):3d}  prefill tokens {tokens[0]:6d} -> {tokens[1]:6d}  "
+            f"generate {1000 * best[0]:7.1f} -> {1000 * best[1]:7.1f} ms  speed-up {best[0] / best[1]:.2f}x  "
+            f"same tokens: {same}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def probe(model_dir: str, doors: int = 6, options: int = 6, sign_at: int = 3, tasks: int = 40,
-          first_seed: int = 10**6) -> dict:
+def probe(
+    model_dir: str, doors: int = 6, options: int = 6, sign_at: int = 3, tasks: int = 40, first_seed: int = 10**6
+) -> dict:
     """{'p_right', 'argmax_right', 'chance', 'n'}: the sign's colour under the model at its door."""
     import jax
     import jax.numpy as jnp
@@ -50,8 +51,14 @@ def probe(model_dir: str, doors: int = 6, options: int = 6, sign_at: int = 3, ta
         for _ in range(sign_at):  # the demonstrator's way to the sign: red before it
             obs, _, _, _, info = env.step("open the red door")
         for strategy in (DOORS_STRATEGY, None):
-            msgs = step_prompt("go through every door.", obs, info["admissible_commands"], strategy=strategy,
-                               step=sign_at, history_length=0)
+            msgs = step_prompt(
+                "go through every door.",
+                obs,
+                info["admissible_commands"],
+                strategy=strategy,
+                step=sign_at,
+                history_length=0,
+            )
             rows.append(tok.encode(render(msgs, tok) + f"{THINK}<action>open the", add_special_tokens=False))
             right.append(colours.index(env.opens[sign_at]))
     L = max(map(len, rows)) + 1
@@ -62,14 +69,18 @@ def probe(model_dir: str, doors: int = 6, options: int = 6, sign_at: int = 3, ta
         toks = np.zeros((len(rows), L), np.int32)
         mask = np.zeros((len(rows), L), bool)
         for s, r in enumerate(rows):  # left padding, as the trainer's rows
-            toks[s, L - len(r) - 1:] = [*r, c]
-            mask[s, L - len(r) - 1:] = True
+            toks[s, L - len(r) - 1 :] = [*r, c]
+            mask[s, L - len(r) - 1 :] = True
         logp[:, k] = np.asarray(score(params, jnp.asarray(toks), jnp.asarray(mask)))
     p = np.exp(logp - logp.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)  # among the listed colours
     idx = np.arange(len(rows))
-    return {"p_right": float(p[idx, right].mean()), "argmax_right": float((p.argmax(1) == right).mean()),
-            "chance": 1.0 / (options - 1), "n": len(rows)}
+    return {
+        "p_right": float(p[idx, right].mean()),
+        "argmax_right": float((p.argmax(1) == right).mean()),
+        "chance": 1.0 / (options - 1),
+        "n": len(rows),
+    }
 
 
 def main() -> None:
@@ -81,8 +92,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=40)
     a = ap.parse_args()
     r = probe(a.model_dir, a.doors, a.options, a.sign_at, a.tasks)
-    print(f"p(sign's colour) = {r['p_right']:.3f} (chance {r['chance']:.3f}); argmax right {r['argmax_right']:.3f}; "
-          f"{r['n']} prompts")
+    print(
+        f"p(sign's colour) = {r['p_right']:.3f} (chance {r['chance']:.3f}); argmax right {r['argmax_right']:.3f}; "
+        f"{r['n']} prompts"
+    )
 
 
 if __name__ == "__main__":

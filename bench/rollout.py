@@ -36,6 +36,7 @@ SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[2
 
 # --- 1. env steps/s -------------------------------------------------------------------------------
 
+
 def make_pool(make_fn, num_envs: int, workers: int):
     """The project's EnvPool with `workers` processes (0: SerialEnvPool, in this process)."""
     from rollout.envs.vector import EnvPool, SerialEnvPool
@@ -84,8 +85,7 @@ def household_fn(max_steps: int):
 def alfworld_fn(data_dir: str, max_steps: int):
     from rollout.envs import make_env
 
-    return functools.partial(make_env, "alfworld", data_dir=data_dir, split="valid_seen",
-                             max_steps=max_steps)
+    return functools.partial(make_env, "alfworld", data_dir=data_dir, split="valid_seen", max_steps=max_steps)
 
 
 # --- 2. share of an iteration outside the policy -------------------------------------------------
@@ -95,6 +95,7 @@ _ADM = re.compile(r"Admissible actions: (.*)")
 
 def bench_script(latency_s: float):
     """Random admissible action (10% garbage), fixed strategies / judgments, + simulated latency."""
+
     def script(messages, kind, key):
         h = zlib.crc32(repr(key).encode())
         if kind == "strategy":
@@ -120,9 +121,16 @@ def bench_script(latency_s: float):
 def bench_share(args) -> None:
     from rollout.envs.vector import SerialEnvPool
 
-    cfg = RolloutConfig(mode="strata", num_strategies=args.n, traj_per_strategy=args.m,
-                        oversample=8, max_steps=args.max_steps, progress=False, row_multiple=256,
-                        length_buckets=None)
+    cfg = RolloutConfig(
+        mode="strata",
+        num_strategies=args.n,
+        traj_per_strategy=args.m,
+        oversample=8,
+        max_steps=args.max_steps,
+        progress=False,
+        row_multiple=256,
+        length_buckets=None,
+    )
     E = args.tasks * args.n * args.m
     envs = SerialEnvPool([household_fn(args.max_steps)] * E)  # the config default (num_workers=0)
     policy = bench_script(0.0)
@@ -132,16 +140,22 @@ def bench_share(args) -> None:
     s = res.stats
     calls = len(policy.calls)
     non_policy = s["time_s"] - s["policy_time_s"]
-    print(f"rollout iteration P={args.tasks} N={args.n} M={args.m} H={args.max_steps}: "
-          f"{s['time_s']:.2f} s, {calls} policy calls, {s['steps']:.0f} env steps, "
-          f"{s['rows']:.0f} token rows")
-    print(f"rollout non-policy time: {non_policy:.3f} s per iteration, "
-          f"{1e3 * non_policy / max(calls, 1):.1f} ms per policy call "
-          f"(env {s['env_time_s']:.3f} s, batch build {s['build_time_s']:.3f} s)")
+    print(
+        f"rollout iteration P={args.tasks} N={args.n} M={args.m} H={args.max_steps}: "
+        f"{s['time_s']:.2f} s, {calls} policy calls, {s['steps']:.0f} env steps, "
+        f"{s['rows']:.0f} token rows"
+    )
+    print(
+        f"rollout non-policy time: {non_policy:.3f} s per iteration, "
+        f"{1e3 * non_policy / max(calls, 1):.1f} ms per policy call "
+        f"(env {s['env_time_s']:.3f} s, batch build {s['build_time_s']:.3f} s)"
+    )
     pure = non_policy / max(non_policy + calls * args.policy_latency_s, 1e-9)
-    print(f"rollout non-policy share @ simulated sampler latency {args.policy_latency_s:g} s/call: "
-          f"{100 * s['non_policy_share']:.1f}% (goal < 10%; {100 * pure:.1f}% against the sleep "
-          f"alone, without the scripted policy's own tokenizing)")
+    print(
+        f"rollout non-policy share @ simulated sampler latency {args.policy_latency_s:g} s/call: "
+        f"{100 * s['non_policy_share']:.1f}% (goal < 10%; {100 * pure:.1f}% against the sleep "
+        f"alone, without the scripted policy's own tokenizing)"
+    )
 
 
 def main() -> None:

@@ -35,11 +35,19 @@ ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.Raw
 ARGS.add_argument("--gpu", action="store_true", help="0.5B-shaped bf16 model, batch 256, roofline share")
 ARGS.add_argument("--smoke", action="store_true", help="with --gpu: tiny shapes, runs on the CPU")
 ARGS.add_argument("--batch", type=int, default=None, help="--gpu: batch (default 256; smoke 8)")
-ARGS.add_argument("--vocab", type=int, default=None,
-                  help="--gpu: vocabulary instead of the model's (places the head + sampling share by difference)")
+ARGS.add_argument(
+    "--vocab",
+    type=int,
+    default=None,
+    help="--gpu: vocabulary instead of the model's (places the head + sampling share by difference)",
+)
 ARGS.add_argument("--profile", default="", help="--gpu: write a jax.profiler trace of one prefill + decode here")
-ARGS.add_argument("--layers", type=int, default=None,
-                  help="--gpu: layers instead of the model's (places the per-layer share by difference)")
+ARGS.add_argument(
+    "--layers",
+    type=int,
+    default=None,
+    help="--gpu: layers instead of the model's (places the per-layer share by difference)",
+)
 ARGS.add_argument("--model", default="qwen2.5-0.5b", help="--gpu: a shape of strata_jax.cost.MODELS")
 ARGS.add_argument("--param-dtype", default="bfloat16", help="--gpu: the weights' dtype (float32: master weights)")
 ARGS.add_argument("--no-fuse", action="store_true", help="decode without fused q/k/v and gate/up kernels")
@@ -56,7 +64,7 @@ if not OPTS.gpu:
     _allowed = sorted(os.sched_getaffinity(0))
     if OPTS.cores > len(_allowed):
         ARGS.error(f"--cores {OPTS.cores}: only {len(_allowed)} cores available")
-    os.sched_setaffinity(0, set(_allowed[:OPTS.cores]))
+    os.sched_setaffinity(0, set(_allowed[: OPTS.cores]))
     if OPTS.cores == 1:
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -70,8 +78,16 @@ from strata_jax.sampling import Sampler, SamplerConfig, SamplingParams  # noqa: 
 
 HBM_BYTES_PER_S = 4.8e12  # H200
 # --gpu --smoke: the same code path on tiny shapes, for a CPU.
-SMOKE = dataclasses.replace(MODELS["qwen2.5-0.5b"], vocab_size=1024, hidden_size=64, intermediate_size=128,
-                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+SMOKE = dataclasses.replace(
+    MODELS["qwen2.5-0.5b"],
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+)
 
 
 def _best(fn, repeats: int) -> float:
@@ -117,42 +133,65 @@ def bench_cpu(batches: list[int], prompt_len: int = 128, new: int = 64, repeats:
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         (graphdef, params), cfg = load_hf_model(path, split=True)
     torch.set_num_threads(cores)  # the reference runs on every core the JAX sampler gets
-    sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
-                                              batch_buckets=tuple(batches), pad_id=0, fuse_decode=not OPTS.no_fuse))
+    sampler = Sampler(
+        graphdef,
+        SamplerConfig(
+            max_new_tokens=new,
+            prompt_buckets=(prompt_len,),
+            batch_buckets=tuple(batches),
+            pad_id=0,
+            fuse_decode=not OPTS.no_fuse,
+        ),
+    )
     sp = SamplingParams(temperature=1.0)
     sampler.generate(params, _prompts(batches[0], prompt_len, cfg.vocab_size), sp, jax.random.key(0))  # XLA up
     cpus = sorted(os.sched_getaffinity(0))
-    print(f"model: tiny qwen2 L={cfg.num_layers} D={cfg.hidden_size} V={cfg.vocab_size}; prompt {prompt_len}, "
-          f"{new} new tokens, sampling T=1; process pinned to {len(cpus)} core(s) {cpus}: torch "
-          f"{torch.get_num_threads()} thread(s), XLA's pools on the same core(s) "
-          f"({len(os.listdir('/proc/self/task'))} threads in the process); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    print(
+        f"model: tiny qwen2 L={cfg.num_layers} D={cfg.hidden_size} V={cfg.vocab_size}; prompt {prompt_len}, "
+        f"{new} new tokens, sampling T=1; process pinned to {len(cpus)} core(s) {cpus}: torch "
+        f"{torch.get_num_threads()} thread(s), XLA's pools on the same core(s) "
+        f"({len(os.listdir('/proc/self/task'))} threads in the process); "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+    )
     for b in batches:
         prompts = _prompts(b, prompt_len, cfg.vocab_size)
         sampler.generate(params, prompts, sp, jax.random.key(0))  # compile
         ids = torch.tensor(prompts, dtype=torch.long)
 
-        def ours():
+        def ours(prompts=prompts):
             out = sampler.generate(params, prompts, sp, jax.random.key(1))
             assert np.all(out.lengths == new)
 
-        def hf_run():
+        def hf_run(ids=ids):
             with torch.no_grad():
-                out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                  top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new, use_cache=True,
-                                  pad_token_id=0)
+                out = hf.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    use_cache=True,
+                    pad_token_id=0,
+                )
             assert out.shape[1] == prompt_len + new
 
         (w_ours, c_ours), (w_hf, c_hf) = _best_pair(ours, hf_run, repeats)
         n = b * new
         t_pre, t_dec = _prefill_decode(sampler, params, prompts, sp, repeats)
-        print(f"sampler cpu batch={b:4d}: ours {n / w_ours:8.1f} tok/s  transformers {n / w_hf:8.1f} tok/s  "
-              f"ratio {w_hf / w_ours:5.2f}x wall, {c_hf / c_ours:5.2f}x cpu-time (best of {repeats}); "
-              f"ours: prefill {t_pre * 1e3:.1f} ms, decode {t_dec * 1e3 / (new - 1):.2f} ms/step")
+        print(
+            f"sampler cpu batch={b:4d}: ours {n / w_ours:8.1f} tok/s  transformers {n / w_hf:8.1f} tok/s  "
+            f"ratio {w_hf / w_ours:5.2f}x wall, {c_hf / c_ours:5.2f}x cpu-time (best of {repeats}); "
+            f"ours: prefill {t_pre * 1e3:.1f} ms, decode {t_dec * 1e3 / (new - 1):.2f} ms/step"
+        )
 
 
 def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, float]:
     """Best wall seconds of our prefill and of our decode loop (its new - 1 steps) alone."""
-    tokens, consts, key, _ = sampler._prepare(prompts, sp, 1, None)
+    tokens, consts, key, path, _ = sampler._prepare(prompts, sp, 1, None)
+    assert path == "plain", path  # _prefill below is the unshared prompt's program
     t_pre, t_dec = float("inf"), float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
@@ -167,9 +206,17 @@ def _prefill_decode(sampler, params, prompts, sp, repeats: int) -> tuple[float, 
 # ------------------------------------------------------------------------------------------ GPU
 
 
-def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | None = None,
-              layers: int | None = None, profile: str = "", model: str = "qwen2.5-0.5b",
-              param_dtype: str = "bfloat16", fuse: bool = True) -> None:
+def bench_gpu(
+    smoke: bool,
+    repeats: int,
+    batch: int | None = None,
+    vocab: int | None = None,
+    layers: int | None = None,
+    profile: str = "",
+    model: str = "qwen2.5-0.5b",
+    param_dtype: str = "bfloat16",
+    fuse: bool = True,
+) -> None:
     from strata_jax.models.qwen2 import Decoder
 
     if model not in MODELS:
@@ -177,18 +224,33 @@ def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | 
     spec = SMOKE if smoke else MODELS[model]
     default_batch, prompt_len, new = (8, 16, 8) if smoke else (256, 128, 128)
     batch = batch or default_batch
-    cfg = dataclasses.replace(spec, vocab_size=vocab or spec.vocab_size, num_layers=layers or spec.num_layers,
-                              dtype="bfloat16", param_dtype=param_dtype)
+    cfg = dataclasses.replace(
+        spec,
+        vocab_size=vocab or spec.vocab_size,
+        num_layers=layers or spec.num_layers,
+        dtype="bfloat16",
+        param_dtype=param_dtype,
+    )
     # Initialised on the device by one jitted program: a 7B model's weights never pass the host.
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
     params = jax.jit(lambda: nnx.state(Decoder(cfg, rngs=nnx.Rngs(0))))()
     # What the decode loop reads per step: every weight once, in the compute dtype (bf16), except
     # an untied embedding table, of which it gathers only the batch's rows.
-    weight_bytes = 2 * (sum(x.size for x in jax.tree.leaves(params))
-                        - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size))
-    sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=new, prompt_buckets=(prompt_len,),
-                                              batch_buckets=(batch,), cache_dtype="bfloat16", pad_id=0,
-                                              fuse_decode=fuse))
+    weight_bytes = 2 * (
+        sum(x.size for x in jax.tree.leaves(params))
+        - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    )
+    sampler = Sampler(
+        graphdef,
+        SamplerConfig(
+            max_new_tokens=new,
+            prompt_buckets=(prompt_len,),
+            batch_buckets=(batch,),
+            cache_dtype="bfloat16",
+            pad_id=0,
+            fuse_decode=fuse,
+        ),
+    )
     prompts = _prompts(batch, prompt_len, cfg.vocab_size)
     tokens, consts, key, _ = sampler._prepare(prompts, SamplingParams(temperature=1.0), 0, None)
 
@@ -221,20 +283,35 @@ def bench_gpu(smoke: bool, repeats: int, batch: int | None = None, vocab: int | 
     roofline_s = (weight_bytes + kv_bytes) / HBM_BYTES_PER_S
     step_s = t_decode / steps
     name = "smoke (CPU)" if smoke else jax.devices()[0].device_kind
-    print(f"model: {'smoke' if smoke else model}-shaped qwen2 L={cfg.num_layers} D={cfg.hidden_size} "
-          f"V={cfg.vocab_size}, {weight_bytes / 1e6:.1f} MB of bf16 weights ({param_dtype} params, "
-          f"{'fused' if fuse else 'unfused'} decode); batch {batch}, prompt {prompt_len}, "
-          f"{new} new; device {name}; compile {compile_s:.1f} s; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-    print(f"sampler gpu prefill: {t_prefill * 1e3:.2f} ms for {batch}x{prompt_len} tokens "
-          f"({batch * prompt_len / t_prefill:.0f} tok/s)")
-    print(f"sampler gpu decode: {batch * steps / t_decode:.0f} tok/s, {step_s * 1e3:.3f} ms/step; "
-          f"roofline {roofline_s * 1e3:.4f} ms/step (weights {weight_bytes / 1e6:.1f} MB + KV {kv_bytes / 1e6:.1f} MB "
-          f"per step at 4.8 TB/s) -> {100 * roofline_s / step_s:.1f}% of roofline")
+    print(
+        f"model: {'smoke' if smoke else model}-shaped qwen2 L={cfg.num_layers} D={cfg.hidden_size} "
+        f"V={cfg.vocab_size}, {weight_bytes / 1e6:.1f} MB of bf16 weights ({param_dtype} params, "
+        f"{'fused' if fuse else 'unfused'} decode); batch {batch}, prompt {prompt_len}, "
+        f"{new} new; device {name}; compile {compile_s:.1f} s; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+    )
+    print(
+        f"sampler gpu prefill: {t_prefill * 1e3:.2f} ms for {batch}x{prompt_len} tokens "
+        f"({batch * prompt_len / t_prefill:.0f} tok/s)"
+    )
+    print(
+        f"sampler gpu decode: {batch * steps / t_decode:.0f} tok/s, {step_s * 1e3:.3f} ms/step; "
+        f"roofline {roofline_s * 1e3:.4f} ms/step (weights {weight_bytes / 1e6:.1f} MB + KV {kv_bytes / 1e6:.1f} MB "
+        f"per step at 4.8 TB/s) -> {100 * roofline_s / step_s:.1f}% of roofline"
+    )
 
 
 if __name__ == "__main__":
     if OPTS.gpu:
-        bench_gpu(OPTS.smoke, OPTS.repeats, OPTS.batch, OPTS.vocab, OPTS.layers, OPTS.profile, OPTS.model,
-                  OPTS.param_dtype, not OPTS.no_fuse)
+        bench_gpu(
+            OPTS.smoke,
+            OPTS.repeats,
+            OPTS.batch,
+            OPTS.vocab,
+            OPTS.layers,
+            OPTS.profile,
+            OPTS.model,
+            OPTS.param_dtype,
+            not OPTS.no_fuse,
+        )
     else:
         bench_cpu([int(b) for b in OPTS.batches.split(",")], repeats=OPTS.repeats, cores=OPTS.cores)

@@ -62,21 +62,32 @@ def iteration_figures(texts: dict, words: list[str], permutations: int, rng: np.
             continue
         etas.append(e)
         nulls.append(np.mean([eta2(rng.permutation(slot), won) for _ in range(permutations)]))
-    out = {"trajectories": int(won_all.size), "won": float(won_all.mean()) if won_all.size else float("nan"),
-           "mixed_tasks": len(etas), "eta2": float(np.mean(etas)) if etas else float("nan"),
-           "eta2_shuffled": float(np.mean(nulls)) if nulls else float("nan"), "words": {}}
+    out = {
+        "trajectories": int(won_all.size),
+        "won": float(won_all.mean()) if won_all.size else float("nan"),
+        "mixed_tasks": len(etas),
+        "eta2": float(np.mean(etas)) if etas else float("nan"),
+        "eta2_shuffled": float(np.mean(nulls)) if nulls else float("nan"),
+        "words": {},
+    }
     strategies = [s for _, _, ss in tasks.values() for s in ss]
     if strategies:  # the most common strategy text against every other: does departing from it cost?
         top = max(set(strategies), key=strategies.count)
         is_top = np.asarray([s == top for s in strategies])
-        out["top"] = {"text": top, "share": float(is_top.mean()), "won_with": float(won_all[is_top].mean()),
-                      "won_without": float(won_all[~is_top].mean()) if (~is_top).any() else float("nan")}
+        out["top"] = {
+            "text": top,
+            "share": float(is_top.mean()),
+            "won_with": float(won_all[is_top].mean()),
+            "won_without": float(won_all[~is_top].mean()) if (~is_top).any() else float("nan"),
+        }
     for w in words:
         pat = re.compile(rf"\b{re.escape(w)}\b", re.IGNORECASE)
         has = np.asarray([bool(pat.search(s)) for s in strategies])
-        out["words"][w] = {"share": float(has.mean()) if has.size else float("nan"),
-                           "won_with": float(won_all[has].mean()) if has.any() else float("nan"),
-                           "won_without": float(won_all[~has].mean()) if (~has).any() else float("nan")}
+        out["words"][w] = {
+            "share": float(has.mean()) if has.size else float("nan"),
+            "won_with": float(won_all[has].mean()) if has.any() else float("nan"),
+            "won_without": float(won_all[~has].mean()) if (~has).any() else float("nan"),
+        }
     return out
 
 
@@ -93,8 +104,9 @@ def main() -> None:
         raise SystemExit(f"{wd}/batches holds no iter_*.texts.json: not a run directory, or it saved no batches")
     algo = json.loads((wd / "config.json").read_text())["algo"]["name"] if (wd / "config.json").exists() else "strata"
     if not algo.startswith("strata"):
-        raise SystemExit(f"{wd} ran algo.name={algo!r}, which samples no strategies; this asks what a StraTA "
-                         "strategy carries")
+        raise SystemExit(
+            f"{wd} ran algo.name={algo!r}, which samples no strategies; this asks what a StraTA strategy carries"
+        )
     rng = np.random.default_rng(args.seed)
     rows = []
     for f in files:
@@ -103,15 +115,26 @@ def main() -> None:
         r["iteration"] = int(f.name.split("_")[1].split(".")[0])
         rows.append(r)
         top = r.get("top")
-        words = (f"  most common strategy: {top['share']:.2f} of them, won {top['won_with']:.2f} with / "
-                 f"{top['won_without']:.2f} without" if top else "")
-        words += "  " + "  ".join(f"{w}: {v['share']:.2f} of strategies, won {v['won_with']:.2f} with / "
-                          f"{v['won_without']:.2f} without" for w, v in r["words"].items())
-        print(f"iteration {r['iteration']:3d}: won {r['won']:.2f} of {r['trajectories']}, eta2 {r['eta2']:.3f} "
-              f"(shuffled {r['eta2_shuffled']:.3f}) over {r['mixed_tasks']} mixed tasks  {words}", flush=True)
+        words = (
+            f"  most common strategy: {top['share']:.2f} of them, won {top['won_with']:.2f} with / "
+            f"{top['won_without']:.2f} without"
+            if top
+            else ""
+        )
+        words += "  " + "  ".join(
+            f"{w}: {v['share']:.2f} of strategies, won {v['won_with']:.2f} with / {v['won_without']:.2f} without"
+            for w, v in r["words"].items()
+        )
+        print(
+            f"iteration {r['iteration']:3d}: won {r['won']:.2f} of {r['trajectories']}, eta2 {r['eta2']:.3f} "
+            f"(shuffled {r['eta2_shuffled']:.3f}) over {r['mixed_tasks']} mixed tasks  {words}",
+            flush=True,
+        )
     ex = [r["eta2"] - r["eta2_shuffled"] for r in rows if not np.isnan(r["eta2"])]
-    print(f"strategy slot eta2 minus shuffled, mean over {len(ex)} iterations: "
-          f"{np.mean(ex) if ex else float('nan'):+.3f} ({wd})")
+    print(
+        f"strategy slot eta2 minus shuffled, mean over {len(ex)} iterations: "
+        f"{np.mean(ex) if ex else float('nan'):+.3f} ({wd})"
+    )
 
 
 if __name__ == "__main__":

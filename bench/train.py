@@ -19,8 +19,7 @@ against the plain one, on the household config's model shape (hidden 64, 2 layer
 rows shaped like its StraTA action rows: G prefixes of ~180 tokens (intro, task, strategy, start
 memory) shared by the rows of a strategy, a ~45-token step part and a 20-token response each,
 mini-batches of --batch rows drawn at random from the G x M rows, one pinned thread, steps
-interleaved. A third arm packs the suffixes of a prefix several to a row as well (`train.pack_segments`).
-Prints the tokens through the model and the seconds per step of each, and checks that the losses agree.
+interleaved. Prints the tokens through the model and the seconds per step of each, and checks that the losses agree.
 
     python bench/train.py --shared-prefix [--batch 64] [--groups 8] [--per-group 16] [--iters 10]
 
@@ -75,8 +74,16 @@ from strata_jax.models.qwen2 import Decoder  # noqa: E402
 
 H200_BF16_PEAK = 989e12
 # --gpu --smoke: the same code path on tiny shapes, for a CPU.
-SMOKE = dataclasses.replace(MODELS["qwen2.5-0.5b"], vocab_size=256, hidden_size=64, intermediate_size=128,
-                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+SMOKE = dataclasses.replace(
+    MODELS["qwen2.5-0.5b"],
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+)
 
 
 def make_batch(b: int, t: int, vocab: int, seed: int = 0) -> TokenBatch:
@@ -88,8 +95,16 @@ def make_batch(b: int, t: int, vocab: int, seed: int = 0) -> TokenBatch:
     loss_mask = mask & (np.arange(t)[None] >= t // 2)
     logp = np.where(loss_mask, -np.log(vocab) + r.normal(0, 0.1, (b, t)), 0).astype(np.float32)
     adv = np.where(loss_mask, np.repeat(r.normal(size=(b, 1)), t, 1), 0).astype(np.float32)
-    return TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss_mask, old_logp=logp, ref_logp=logp,
-                      advantage=adv, row_index=np.zeros((b, 4), np.int32), row_valid=np.ones(b, bool))
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=mask,
+        loss_mask=loss_mask,
+        old_logp=logp,
+        ref_logp=logp,
+        advantage=adv,
+        row_index=np.zeros((b, 4), np.int32),
+        row_valid=np.ones(b, bool),
+    )
 
 
 def _time_steps(step, state, batch, iters):
@@ -121,8 +136,16 @@ def _jax_runner(step, state, batch):
 def _jax_step(graphdef, params, mesh, lr=1e-6, chunk=8192, window=None):
     opt = T.make_optimizer(dict(lr=lr))
     state = T.init_train_state(graphdef, params, opt, 0, mesh, sh.DEFAULT_RULES)
-    return T.make_train_step(graphdef, opt, LossConfig(track_entropy=False), mesh, sh.DEFAULT_RULES, 1,
-                             logprob_chunk=chunk, logprob_window=window), state
+    return T.make_train_step(
+        graphdef,
+        opt,
+        LossConfig(track_entropy=False),
+        mesh,
+        sh.DEFAULT_RULES,
+        1,
+        logprob_chunk=chunk,
+        logprob_window=window,
+    ), state
 
 
 def bench_cpu(args):
@@ -152,11 +175,13 @@ def bench_cpu(args):
         ours.append(ours_run())
         theirs.append(theirs_run())
     ours, theirs = float(np.median(ours)), float(np.median(theirs))
-    print(f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
-          f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
-          f"(median of {args.iters} interleaved steps; "
-          f"log-probs of {'all positions' if window is None else 'the window'}; "
-          f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
+    print(
+        f"train_step tiny {n_params / 1e6:.2f}M params B={b} T={t} 1 thread (fwd+bwd+AdamW): "
+        f"jax {b * t / ours:,.0f} tok/s, torch {b * t / theirs:,.0f} tok/s, ratio jax/torch {theirs / ours:.2f} "
+        f"(median of {args.iters} interleaved steps; "
+        f"log-probs of {'all positions' if window is None else 'the window'}; "
+        f"load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})"
+    )
 
 
 def _torch_runner(model, batch: TokenBatch, window: int | None):
@@ -179,8 +204,9 @@ def _torch_runner(model, batch: TokenBatch, window: int | None):
     model.train()
 
     def step():
-        logits = model(input_ids=tokens, attention_mask=mask, position_ids=pos,
-                       logits_to_keep=keep).logits[:, :-1].float()
+        logits = (
+            model(input_ids=tokens, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits[:, :-1].float()
+        )
         logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, first:, None]).squeeze(-1)
         ratio = torch.exp(torch.clamp(logp - old, -20, 20))
         pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2))
@@ -215,34 +241,52 @@ def prefix_rows(groups: int, per_group: int, length: int, vocab: int, seed: int 
         for m in range(per_group):
             row = prefix + tok(int(r.integers(40, 51))) + tok(20)
             i = g * per_group + m
-            tokens[i, length - len(row):] = row
-            mask[i, length - len(row):] = True
-            loss[i, length - 20:] = True
+            tokens[i, length - len(row) :] = row
+            mask[i, length - len(row) :] = True
+            loss[i, length - 20 :] = True
     logp = np.where(loss, -np.log(vocab) + r.normal(0, 0.1, (s, length)), 0).astype(np.float32)
     adv = np.where(loss, np.repeat(r.normal(size=(s, 1)), length, 1), 0).astype(np.float32)
-    return TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss, old_logp=logp, ref_logp=logp,
-                      advantage=adv, row_index=np.zeros((s, 4), np.int32), row_valid=np.ones(s, bool))
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=mask,
+        loss_mask=loss,
+        old_logp=logp,
+        ref_logp=logp,
+        advantage=adv,
+        row_index=np.zeros((s, 4), np.int32),
+        row_valid=np.ones(s, bool),
+    )
 
 
 def bench_shared(args):
     from strata_jax.models.tiny import init_params
-    from strata_jax.packing import pack_shared, pair_cost
+    from strata_jax.packing import pack_shared
 
-    cfg = ModelConfig.from_hf(dict(model_type="qwen2", vocab_size=2048, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                   max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
-                                   tie_word_embeddings=True))
+    cfg = ModelConfig.from_hf(
+        dict(
+            model_type="qwen2",
+            vocab_size=2048,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=4096,
+            rope_theta=1e6,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+        )
+    )
     graphdef, params = init_params(cfg, seed=0)
     length = 256  # the default's first length bucket: ~180 + ~45 + 20 tokens
     rows = prefix_rows(args.groups, args.per_group, length, cfg.vocab_size)
     # one mini-batch as the trainer cuts it (train.minibatches: a random draw of the iteration's rows)
     mb = next(T.minibatches(rows, args.batch, seed=0))
     packed = pack_shared(mb, 1, 1, (256,))
-    segs = pack_shared(mb, 1, 1, (256,), segments=True, pair=pair_cost(cfg))
-    if packed is None or segs is None:
+    if packed is None:
         raise RuntimeError("the rows share too little: no packing")
-    shared, segs = packed[0], segs[0]
-    arms = (("plain", mb), ("shared", shared), ("packed", segs))
+    shared = packed[0]
+    arms = (("plain", mb), ("shared", shared))
     mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     window = 96  # the default's logprob_window: max(action 24, strategy 96) tokens
     runners = {}
@@ -258,22 +302,28 @@ def bench_shared(args):
         for name in times:
             times[name].append(runners[name]())
     sec = {k: float(np.median(v)) for k, v in times.items()}
-    tok = {"plain": int(np.prod(mb.tokens.shape)), "shared": shared.model_tokens, "packed": segs.model_tokens}
+    tok = {"plain": int(np.prod(mb.tokens.shape)), "shared": shared.model_tokens}
     u, tpre = shared.prefix_tokens.shape
-    print(f"update tiny default shape, {args.batch} rows of {args.groups}x{args.per_group} (prefix ~180, step ~45, "
-          f"response 20), 1 thread: tokens through the model {tok['plain']:,} -> {tok['shared']:,} "
-          f"([{u}, {tpre}] prefixes + {list(shared.rows.tokens.shape)} suffixes) -> {tok['packed']:,} packed "
-          f"({list(segs.prefix_tokens.shape)} + {list(segs.packed_tokens.shape)}); "
-          f"{sec['plain'] * 1e3:.0f} -> {sec['shared'] * 1e3:.0f} -> {sec['packed'] * 1e3:.0f} ms/step, speed-up "
-          f"{sec['plain'] / sec['shared']:.2f}x shared, {sec['plain'] / sec['packed']:.2f}x packed; "
-          f"loss {losses['plain']:.6f} vs {losses['shared']:.6f} vs {losses['packed']:.6f} "
-          f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})")
+    print(
+        f"update tiny default shape, {args.batch} rows of {args.groups}x{args.per_group} (prefix ~180, step ~45, "
+        f"response 20), 1 thread: tokens through the model {tok['plain']:,} -> {tok['shared']:,} "
+        f"([{u}, {tpre}] prefixes + {list(shared.rows.tokens.shape)} suffixes); "
+        f"{sec['plain'] * 1e3:.0f} -> {sec['shared'] * 1e3:.0f} ms/step, speed-up "
+        f"{sec['plain'] / sec['shared']:.2f}x; loss {losses['plain']:.6f} vs {losses['shared']:.6f} "
+        f"(median of {args.iters} interleaved steps; load average {os.getloadavg()[0]:.1f}; malloc {MALLOC})"
+    )
 
 
 def bench_gpu(args):
     spec = SMOKE if args.smoke else MODELS[args.model]
-    cfg = dataclasses.replace(spec, dtype="bfloat16", param_dtype="float32", scan_layers=True,
-                              remat=not args.no_remat, attention=args.attention)
+    cfg = dataclasses.replace(
+        spec,
+        dtype="bfloat16",
+        param_dtype="float32",
+        scan_layers=True,
+        remat=not args.no_remat,
+        attention=args.attention,
+    )
     mesh = sh.make_mesh({"fsdp": -1})
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
     # random init on the devices, already sharded: the fp32 params never exist on the host
@@ -292,10 +342,13 @@ def bench_gpu(args):
     mfu = 6 * n_params * tok_s / (H200_BF16_PEAK * n_dev)
     kind = jax.devices()[0].device_kind
     note = " (smoke: tiny shape, MFU meaningless)" if args.smoke else ""
-    print(f"train_step {'smoke' if args.smoke else args.model}-shaped qwen2 {n_params / 1e6:.1f}M params bf16 "
-          f"B={b} T={t} on {n_dev}x {kind}: "
-          f"{'remat' if cfg.remat else 'no remat'}, attention {cfg.attention}: {tok_s:,.0f} tok/s, {sec * 1e3:.1f} ms/step, "
-          f"MFU {100 * mfu:.1f}% of 989 TFLOP/s{note}")
+    print(
+        f"train_step {'smoke' if args.smoke else args.model}-shaped qwen2 {n_params / 1e6:.1f}M params bf16 "
+        f"B={b} T={t} on {n_dev}x {kind}: "
+        f"{'remat' if cfg.remat else 'no remat'}, attention {cfg.attention}: {tok_s:,.0f} tok/s, "
+        f"{sec * 1e3:.1f} ms/step, "
+        f"MFU {100 * mfu:.1f}% of 989 TFLOP/s{note}"
+    )
 
 
 def main():
@@ -310,14 +363,23 @@ def main():
     ap.add_argument("--no-remat", action="store_true", help="--gpu: keep activations instead of remat")
     ap.add_argument("--attention", default="einsum", help="--gpu: model.attention (einsum | cudnn | xla)")
     ap.add_argument("--profile", default="", help="--gpu: write a jax.profiler trace of two steps to this folder")
-    ap.add_argument("--all-positions", action="store_true",
-                    help="CPU: log-probs of every position on both sides (default: the response window)")
-    ap.add_argument("--shared-prefix", action="store_true",
-                    help="CPU: the update with shared prompt prefixes vs the plain one (default-shaped rows)")
+    ap.add_argument(
+        "--all-positions",
+        action="store_true",
+        help="CPU: log-probs of every position on both sides (default: the response window)",
+    )
+    ap.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="CPU: the update with shared prompt prefixes vs the plain one (default-shaped rows)",
+    )
     ap.add_argument("--groups", type=int, default=8, help="--shared-prefix: prefixes (strategies)")
     ap.add_argument("--per-group", type=int, default=16, help="--shared-prefix: rows per prefix")
-    ap.add_argument("--default-malloc", action="store_true",
-                    help="CPU: leave glibc malloc as it is (default: keep freed memory, rollout/cpu_memory.py)")
+    ap.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="CPU: leave glibc malloc as it is (default: keep freed memory, rollout/cpu_memory.py)",
+    )
     args = ap.parse_args()
     if args.smoke and not args.gpu:
         ap.error("--smoke goes with --gpu")

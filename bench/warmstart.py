@@ -1,5 +1,5 @@
 """Does a warm start leave room for RL? Reads the first training iteration of a run (its rollouts
-are the warm-start policy at the training temperature) and prints the figures issue #13 asks of it:
+are the warm-start policy at the training temperature) and prints the figures that decide it:
 
 - invalid rate (goal: at most 0.10);
 - exploration: the entropy (nats) of the actions the group's trajectories took at their first
@@ -34,8 +34,10 @@ def figures(workdir: pathlib.Path, iteration: int = 1) -> dict:
     horizon = b["horizon"]  # [P]
     wins, n = (won & traj).sum(-1), traj.sum(-1)  # [P, N]
     mixed = (wins > 0) & (wins < n) & (n > 1)
-    out = {"invalid_rate": float(invalid[steps].mean()) if steps.any() else 0.0,
-           "mixed_groups": float(mixed[n > 1].mean()) if (n > 1).any() else 0.0}
+    out = {
+        "invalid_rate": float(invalid[steps].mean()) if steps.any() else 0.0,
+        "mixed_groups": float(mixed[n > 1].mean()) if (n > 1).any() else 0.0,
+    }
     for name, lo, hi in BUCKETS:
         sel = ((horizon >= lo) & (horizon <= hi))[:, None] & (n > 1)
         out[f"mixed_{name}"] = float(mixed[sel].mean()) if sel.any() else float("nan")
@@ -55,8 +57,10 @@ def figures(workdir: pathlib.Path, iteration: int = 1) -> dict:
 
 def line(f: dict) -> str:
     buckets = ", ".join(f"{name} {f[f'mixed_{name}']:.2f}" for name, _, _ in BUCKETS)
-    return (f"warm start: invalid {f['invalid_rate']:.3f}, first-step action entropy {f['first_step_entropy']:.2f} "
-            f"nats, mixed groups {f['mixed_groups']:.2f} ({buckets})")
+    return (
+        f"warm start: invalid {f['invalid_rate']:.3f}, first-step action entropy {f['first_step_entropy']:.2f} "
+        f"nats, mixed groups {f['mixed_groups']:.2f} ({buckets})"
+    )
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """All defaults, documented, and the validation every run goes through before any work.
 
-Experiment files (`configs/<algo>_<env>.py`) start from `base_config()` and change a few fields.
-Command-line overrides: `python launch.py --config configs/strata_alfworld.py --config.algo.delta=0.25`.
+Experiment files start from `base_config()` and change a few fields: configs/paper.py:ALGO,ENV
+(`with_algo_env`, the papers' setting of one algorithm on one environment), configs/tiny_*.py.
+Command-line overrides: `python launch.py --config configs/paper.py:strata,alfworld --config.algo.delta=0.25`.
 An unknown key is reported by launch.py before the config is parsed (one line naming the key and
 its close matches, exit 2); a bad value fails in `validate()` below, naming the key and the allowed
 values; an option that is configured but not built yet is refused there too.
@@ -11,34 +12,52 @@ from __future__ import annotations
 
 import ml_collections as mlc
 
-ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
-ENVS = ("household", "alfworld", "scienceworld", "shop", "doors")
-# Worlds for testing the pipeline, not for studies: no <algo>_<env>.py config files.
+from rollout.envs import REGISTRY as _WORLDS
+from rollout.envs.alfworld import MILESTONE_MODES, SPLITS
+from rollout.options import CONFIG_KEYS as ROLLOUT_KEYS
+from rollout.options import first_problem as rollout_problem
+from strata_jax.names import (
+    AGGREGATIONS,
+    ALGOS,
+    ATTENTION_IMPLS,
+    GIGPO_NORMS,
+    LORA_TARGETS,
+    SCHEDULES,
+    SEG_NORMS,
+    STEP_WEIGHTINGS,
+    STRATA_ALGOS,
+)
+
+ENVS = tuple(_WORLDS)  # every world rollout.envs.make_env builds
+# Worlds for testing the pipeline, not for studies: configs/paper.py does not offer them.
 TEST_ENVS = ("doors",)
+# The studies' worlds: configs/paper.py:ALGO,ENV takes ENV from these.
+STUDY_ENVS = tuple(e for e in ENVS if e not in TEST_ENVS)
 # Worlds generated from a seed, with a built-in expert: held-out tasks are the seeds past
 # env.eval_seed_offset, and SFT demonstrations come from the expert (no game files, no sft.demos).
 PROCEDURAL_ENVS = ("household", "shop", "doors")
 # Worlds whose SFT warm start needs no `sft.demos`: the procedural ones' experts, and ALFWorld, whose
 # language the household world speaks (rollout/demos.py: household demonstrations).
 EXPERT_DEMOS = (*PROCEDURAL_ENVS, "alfworld")
+DTYPES = ("float32", "bfloat16")
+# The allowed values of the enumerated keys. The rollout's own (algo.invalid_penalty_tokens,
+# env.action_format) are checked with the rest of its rules (rollout/options.py, in validate()).
 CHOICES = {
     "algo.name": ALGOS,
-    "algo.milestones": ("facts", "expert_plan"),
-    "algo.gigpo_norm": ("std", "mean"),
-    "algo.seg_norm": ("mean", "std"),
-    "algo.invalid_penalty_tokens": ("action", "divergence", "response"),
+    "algo.milestones": MILESTONE_MODES,
+    "algo.gigpo_norm": GIGPO_NORMS,
+    "algo.seg_norm": SEG_NORMS,
     "algo.task_sampling": ("uniform", "by_type"),
-    "env.action_format": ("text", "index"),
     "env.name": ENVS,
-    "env.split": ("train", "valid_seen", "valid_unseen"),
-    "env.eval_split": ("train", "valid_seen", "valid_unseen"),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.param_dtype": ("float32", "bfloat16"),
-    "model.attention": ("einsum", "xla", "cudnn"),  # strata_jax.models.config.ATTENTION_IMPLS
-    "sampling.kv_dtype": ("float32", "bfloat16"),
-    "train.aggregation": ("token_mean", "seq_mean_token_mean"),
-    "train.step_weighting": ("step", "trajectory"),
-    "train.schedule": ("constant", "warmup_cosine"),
+    "env.split": SPLITS,
+    "env.eval_split": SPLITS,
+    "model.dtype": DTYPES,
+    "model.param_dtype": DTYPES,
+    "model.attention": ATTENTION_IMPLS,
+    "sampling.kv_dtype": DTYPES,
+    "train.aggregation": AGGREGATIONS,
+    "train.step_weighting": STEP_WEIGHTINGS,
+    "train.schedule": SCHEDULES,
     "sft.styles": ("own", "both"),
 }
 
@@ -54,7 +73,7 @@ def base_config() -> mlc.ConfigDict:
     a.tasks_per_iter = 16  # P
     # How an iteration's P task seeds are drawn: "uniform" over the training seeds, or "by_type"
     # (household): the task types in turn, so every update sees each type as often as the others
-    # (issue #13: updates on one type's groups moved success away from the others).
+    # (on the household world, updates on one type's groups moved success away from the others).
     a.task_sampling = "uniform"
     a.group_size = 8  # G, trajectories per task for flat algorithms (N = 1, M = G)
     a.num_strategies = 4  # N (StraTA)
@@ -85,7 +104,7 @@ def base_config() -> mlc.ConfigDict:
     a.gigpo_norm = "std"
     a.seg_norm = "mean"
 
-    # --- self-judgment (issue #15, docs/CONTRACTS.md) --------------------------------------------
+    # --- self-judgment (docs/CONTRACTS.md) -------------------------------------------------------
     j = c.judge = mlc.ConfigDict()
     j.samples = 1  # k judgments per trajectory; the strict-majority set is penalised (1 = ALGORITHMS 3.4)
 
@@ -130,7 +149,7 @@ def base_config() -> mlc.ConfigDict:
     # SFT warm start still trains every weight. 0 = full fine-tuning.
     m.lora_rank = 0
     m.lora_alpha = 16.0
-    m.lora_targets = ("q", "k", "v", "o", "gate", "up", "down")  # any of these projections
+    m.lora_targets = tuple(LORA_TARGETS)  # any of these projections: q, k, v, o, gate, up, down
     m.tiny_hidden = 64
     m.tiny_layers = 2
     m.tiny_heads = 4
@@ -203,11 +222,6 @@ def base_config() -> mlc.ConfigDict:
     # strategy share their intro, task, strategy and start memory). The population update
     # (`ablate --train`) runs unshared.
     t.shared_prefix = True
-    # With shared_prefix: pack the remainders of the rows that share a prefix several to a row,
-    # each a segment attending to the prefix and to itself only (strata_jax/packing.py), so short
-    # remainders stop paying for the longest one's padding. The same log-probs up to float rounding.
-    # Off: on our rows it packed almost nothing (docs/BENCHMARKS.md, "Suffixes packed several to a row").
-    t.pack_segments = False
     # Score rows as prefix trees (strata_jax/tree.py) where that costs the model less than the plain
     # rows or one level of shared prefix: every distinct prefix of mini_batch_rows sorted rows per
     # device once (the intro, task and strategy, a trajectory's common history, repeated prompts),
@@ -228,8 +242,8 @@ def base_config() -> mlc.ConfigDict:
     # PPO-ptx (InstructGPT), as interleaved steps: before every policy-update mini-batch, one step on
     # ptx_coef x the mean NLL of `ptx_rows` demonstration rows (the warm start's own demonstrations,
     # of every task type), through the same optimiser. Solved tasks have zero advantage, so nothing
-    # else holds them while RL moves the policy for the tasks that do have signal (docs/RESULTS.md,
-    # issue #13's fourth round). 0 = off.
+    # else holds them while RL moves the policy for the tasks that do have signal (docs/RESULTS.md).
+    # 0 = off.
     t.ptx_coef = 0.0
     t.ptx_rows = 16
     t.ptx_tasks = 256  # demonstration tasks the ptx rows are drawn from (the SFT split's first ones)
@@ -250,7 +264,7 @@ def base_config() -> mlc.ConfigDict:
     # A first phase of `read_steps` steps at `read_lr` whose loss is only on the answer tokens copied
     # from the prompt's content (strata_jax.sft.read_token_weights: tokens in at most
     # `read_max_share` of the prompts), then `steps` on whole answers: without it the tiny models
-    # never learn to read a word from their prompt (docs/RESULTS.md, round 9; tests/test_read_sft.py).
+    # never learn to read a word from their prompt (docs/RESULTS.md; tests/test_read_sft.py).
     f.read_steps = 0
     f.read_lr = 2e-3
     f.read_max_share = 0.25  # a style mix (sft.styles="both") puts the strategy template in half the prompts
@@ -260,6 +274,9 @@ def base_config() -> mlc.ConfigDict:
     v.every = 10  # iterations between evaluations (0 = off)
     v.num_tasks = 64
     v.greedy = True  # also evaluate with greedy decoding
+    # Evaluate the starting model before iteration 1. Off for runs that share one start evaluated
+    # once (bench/learning.py --world smol: every arm starts from the same SFT model).
+    v.at_start = True
 
     k = c.checkpoint = mlc.ConfigDict()
     k.every = 5
@@ -268,7 +285,9 @@ def base_config() -> mlc.ConfigDict:
 
     g = c.log = mlc.ConfigDict()
     g.progress = True
-    g.rollout_progress = False  # also the per-step bar inside each rollout (one redraw per policy call)
+    # also the per-step bar inside each rollout (on a terminal one redraw per step; in a log a line
+    # at most every 10 s)
+    g.rollout_progress = False
     g.plots_every = 1
     g.save_batches = True  # keep each iteration's TrajectoryBatch for `launch.py ablate`
 
@@ -307,18 +326,49 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         val = _get(c, key)
         if val not in allowed:
             raise ConfigError(f"config.{key}={val!r} is not allowed; choose one of {list(allowed)}")
-    positive = ["iterations", "algo.tasks_per_iter", "algo.group_size", "algo.num_strategies",
-                "algo.traj_per_strategy", "algo.oversample", "env.max_steps", "train.mini_batch_rows",
-                "train.micro_batches", "sampling.max_action_tokens", "sampling.max_strategy_tokens",
-                "sampling.max_judge_tokens", "checkpoint.keep", "algo.strategy_budget", "judge.samples",
-                "sampling.prefix_cache_tokens", "sampling.prefix_cache_mb"]
+    # The rollout's settings (group sizes, max steps, revision, judgment, penalty tokens, action
+    # format): the rules RolloutConfig.validate applies too, named by their config keys here.
+    problem = rollout_problem(
+        {field: _get(c, key) for field, key in ROLLOUT_KEYS.items()},
+        strata=c.algo.name in STRATA_ALGOS,
+        name=lambda field: f"config.{ROLLOUT_KEYS[field]}",
+        algo=repr(c.algo.name),
+    )
+    if problem:
+        raise ConfigError(problem)
+    positive = [
+        "iterations",
+        "algo.tasks_per_iter",
+        "train.micro_batches",
+        "sampling.max_action_tokens",
+        "sampling.max_strategy_tokens",
+        "sampling.max_judge_tokens",
+        "checkpoint.keep",
+        "algo.strategy_budget",
+        "sampling.prefix_cache_tokens",
+        "sampling.prefix_cache_mb",
+    ]
     for key in positive:
         if _get(c, key) < 1:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 1")
-    nonneg = ["algo.kappa", "algo.invalid_penalty", "algo.lam_strategy", "algo.lam_seg", "algo.omega",
-              "train.lr", "train.kl_coef", "train.entropy_coef", "eval.every", "checkpoint.every",
-              "env.history_length", "env.num_workers", "env.extra_receptacles", "env.distractors",
-              "algo.revise_every", "sft.steps", "sft.read_steps"]
+    nonneg = [
+        "algo.kappa",
+        "algo.invalid_penalty",
+        "algo.lam_strategy",
+        "algo.lam_seg",
+        "algo.omega",
+        "train.lr",
+        "train.kl_coef",
+        "train.entropy_coef",
+        "eval.every",
+        "checkpoint.every",
+        "env.history_length",
+        "env.num_workers",
+        "env.extra_receptacles",
+        "env.distractors",
+        "sft.steps",
+        "sft.read_steps",
+    ]
     for key in nonneg:
         if _get(c, key) < 0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be >= 0")
@@ -326,47 +376,61 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
         if not 0.0 < _get(c, key) <= 1.0:
             raise ConfigError(f"config.{key}={_get(c, key)!r} must be in (0, 1]")
     if int(c.train.bucket_steps) not in (1, 2, 4, 8, 16):
-        raise ConfigError(f"config.train.bucket_steps={c.train.bucket_steps}: expected 1, 2, 4, 8 or 16 sizes per octave")
-    if c.train.pack_segments and not c.train.shared_prefix:
-        raise ConfigError("config.train.pack_segments=True needs train.shared_prefix=True (it packs the remainders "
-                          "of rows that share a prefix; without sharing nothing would be packed)")
+        raise ConfigError(
+            f"config.train.bucket_steps={c.train.bucket_steps}: expected 1, 2, 4, 8 or 16 sizes per octave"
+        )
     if not 0.0 <= c.sft.epsilon <= 1.0:
         raise ConfigError(f"config.sft.epsilon={c.sft.epsilon!r} must be in [0, 1]")
     if c.sft.epsilon and c.env.name != "household":
-        raise ConfigError(f"config.sft.epsilon={c.sft.epsilon!r} is only wired for the household expert, "
-                          f"not env.name={c.env.name!r}")
+        raise ConfigError(
+            f"config.sft.epsilon={c.sft.epsilon!r} is only wired for the household expert, not env.name={c.env.name!r}"
+        )
     if not 0.0 < c.sft.read_max_share <= 1.0:
         raise ConfigError(f"config.sft.read_max_share={c.sft.read_max_share!r} must be in (0, 1]")
     if not 0.0 <= c.sft.judge_share <= 1.0:
         raise ConfigError(f"config.sft.judge_share={c.sft.judge_share!r} must be in [0, 1]")
     if not 0.0 < c.sampling.top_p <= 1.0:
         raise ConfigError(f"config.sampling.top_p={c.sampling.top_p!r} must be in (0, 1]")
-    if c.sampling.strategy_temperature >= 0 and c.algo.name not in ("strata", "strata+beacon"):
-        raise ConfigError(f"config.sampling.strategy_temperature={c.sampling.strategy_temperature!r} is set, but "
-                          f"algo.name={c.algo.name!r} samples no strategies (set it to -1)")
+    if c.sampling.strategy_temperature >= 0 and c.algo.name not in STRATA_ALGOS:
+        raise ConfigError(
+            f"config.sampling.strategy_temperature={c.sampling.strategy_temperature!r} is set, but "
+            f"algo.name={c.algo.name!r} samples no strategies (set it to -1)"
+        )
     if c.sampling.temperature < 0 or c.sampling.eval_temperature < 0:
         raise ConfigError("config.sampling.temperature / eval_temperature must be >= 0")
     if not 1 <= c.env.horizon_min <= c.env.horizon_max:
         raise ConfigError(
-            f"config.env.horizon_min={c.env.horizon_min} / horizon_max={c.env.horizon_max}: need 1 <= min <= max")
+            f"config.env.horizon_min={c.env.horizon_min} / horizon_max={c.env.horizon_max}: need 1 <= min <= max"
+        )
     if c.algo.diverse and c.algo.oversample < 2:  # farthest-point over N of N candidates keeps them all
         raise ConfigError(
             f"config.algo.diverse=True selects N strategies among oversample x N candidates, but "
             f"config.algo.oversample={c.algo.oversample} samples only N: set --config.algo.oversample=4 (or more) "
-            "or --config.algo.diverse=False")
-    if c.algo.judgment and not c.algo.name.startswith("strata"):
+            "or --config.algo.diverse=False"
+        )
+    if c.algo.judgment and c.algo.name not in STRATA_ALGOS:
         raise ConfigError(
-            f"config.algo.judgment=True is only wired for strata / strata+beacon, not {c.algo.name!r}: "
-            "set --config.algo.judgment=False")
+            f"config.algo.judgment=True is only wired for {' / '.join(STRATA_ALGOS)}, not {c.algo.name!r}: "
+            "set --config.algo.judgment=False"
+        )
     if c.env.shop_page_size < 1 or c.env.shop_products < 1000:
-        raise ConfigError(f"config.env.shop_page_size={c.env.shop_page_size} must be >= 1 and "
-                          f"config.env.shop_products={c.env.shop_products} >= 1000")
+        raise ConfigError(
+            f"config.env.shop_page_size={c.env.shop_page_size} must be >= 1 and "
+            f"config.env.shop_products={c.env.shop_products} >= 1000"
+        )
     targets = tuple(c.model.lora_targets)
-    if c.model.lora_rank < 0 or c.model.lora_alpha <= 0 or not targets or \
-            not set(targets) <= {"q", "k", "v", "o", "gate", "up", "down"} or len(set(targets)) != len(targets):
-        raise ConfigError(f"config.model.lora_rank={c.model.lora_rank!r} must be >= 0, lora_alpha="
-                          f"{c.model.lora_alpha!r} > 0, and lora_targets={targets!r} distinct names among "
-                          "q, k, v, o, gate, up, down")
+    if (
+        c.model.lora_rank < 0
+        or c.model.lora_alpha <= 0
+        or not targets
+        or not set(targets) <= set(LORA_TARGETS)
+        or len(set(targets)) != len(targets)
+    ):
+        raise ConfigError(
+            f"config.model.lora_rank={c.model.lora_rank!r} must be >= 0, lora_alpha="
+            f"{c.model.lora_alpha!r} > 0, and lora_targets={targets!r} distinct names among "
+            f"{', '.join(LORA_TARGETS)}"
+        )
     if c.model.attention == "cudnn" and c.model.dtype != "bfloat16":
         raise ConfigError(f"config.model.attention='cudnn' needs config.model.dtype='bfloat16', not {c.model.dtype!r}")
     if c.env.reveal_objects and c.env.name != "household":
@@ -374,8 +438,10 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
     _refuse_unbuilt(c)
     _check_batch_buckets(c)
     if not 0.0 < c.train.eps_low < 1.0 or c.train.eps_high <= 0:
-        raise ConfigError(f"config.train.eps_low={c.train.eps_low!r} must be in (0, 1) and "
-                          f"config.train.eps_high={c.train.eps_high!r} > 0")
+        raise ConfigError(
+            f"config.train.eps_low={c.train.eps_low!r} must be in (0, 1) and "
+            f"config.train.eps_high={c.train.eps_high!r} > 0"
+        )
     if c.train.dual_clip <= 1:
         raise ConfigError(f"config.train.dual_clip={c.train.dual_clip!r} must be > 1")
     for key in ("sampling.prompt_buckets", "sampling.batch_buckets", "train.length_buckets"):
@@ -385,47 +451,47 @@ def validate(c: mlc.ConfigDict) -> mlc.ConfigDict:
             raise ConfigError(f"config.{key}={b!r} must be strictly ascending positive ints")
     _validate_mesh(c)
     if c.env.action_format == "index" and c.env.name != "household":
-        raise ConfigError(f"config.env.action_format='index' is only wired for env.name='household' (its "
-                          f"expert answers by number), not {c.env.name!r}")
-    if c.env.action_format == "index" and c.algo.invalid_penalty_tokens == "divergence":
-        raise ConfigError("config.algo.invalid_penalty_tokens='divergence' compares command text; with "
-                          "config.env.action_format='index' the answer is a number: use 'action'")
+        raise ConfigError(
+            f"config.env.action_format='index' is only wired for env.name='household' (its "
+            f"expert answers by number), not {c.env.name!r}"
+        )
     if c.algo.task_sampling == "by_type" and c.env.name != "household":
-        raise ConfigError(f"config.algo.task_sampling='by_type' is only wired for env.name='household', "
-                          f"not {c.env.name!r}")
+        raise ConfigError(
+            f"config.algo.task_sampling='by_type' is only wired for env.name='household', not {c.env.name!r}"
+        )
     if c.train.ptx_coef < 0 or c.train.ptx_rows < 1 or c.train.ptx_tasks < 1:
-        raise ConfigError(f"config.train.ptx_coef={c.train.ptx_coef!r} must be >= 0 and train.ptx_rows="
-                          f"{c.train.ptx_rows!r} / train.ptx_tasks={c.train.ptx_tasks!r} >= 1")
+        raise ConfigError(
+            f"config.train.ptx_coef={c.train.ptx_coef!r} must be >= 0 and train.ptx_rows="
+            f"{c.train.ptx_rows!r} / train.ptx_tasks={c.train.ptx_tasks!r} >= 1"
+        )
     if c.train.ptx_coef > 0 and c.env.name not in PROCEDURAL_ENVS and not c.sft.demos:
-        raise ConfigError(f"config.train.ptx_coef={c.train.ptx_coef!r} needs demonstrations: env.name="
-                          f"{c.env.name!r} has no built-in expert, so set config.sft.demos (JSONL)")
+        raise ConfigError(
+            f"config.train.ptx_coef={c.train.ptx_coef!r} needs demonstrations: env.name="
+            f"{c.env.name!r} has no built-in expert, so set config.sft.demos (JSONL)"
+        )
     if not c.train.rl_update and c.train.ptx_coef <= 0:
-        raise ConfigError("config.train.rl_update=False leaves the update nothing to do: it is the ptx-only "
-                          "control and needs config.train.ptx_coef > 0")
+        raise ConfigError(
+            "config.train.rl_update=False leaves the update nothing to do: it is the ptx-only "
+            "control and needs config.train.ptx_coef > 0"
+        )
     if c.train.micro_batches > c.train.mini_batch_rows or c.train.mini_batch_rows % c.train.micro_batches:
         raise ConfigError(
             f"config.train.micro_batches={c.train.micro_batches} must divide "
-            f"config.train.mini_batch_rows={c.train.mini_batch_rows}")
+            f"config.train.mini_batch_rows={c.train.mini_batch_rows}"
+        )
     return c
 
 
 def _refuse_unbuilt(c: mlc.ConfigDict) -> None:
     """Options that exist in the config but have no code behind them yet: refused before any work,
     never ignored, and never left to fail at rollout time after the SFT warm start."""
-    strata = c.algo.name.startswith("strata")
-    if c.algo.revise_every and not strata:
-        raise ConfigError(f"config.algo.revise_every={c.algo.revise_every!r} revises a strategy: only strata / "
-                          f"strata+beacon have one, not {c.algo.name!r}")
     if c.judge.samples > 1 and not c.algo.judgment:
         raise ConfigError(f"config.judge.samples={c.judge.samples!r} needs config.algo.judgment=True")
-    if c.algo.judge_train and not c.algo.judgment:
-        raise ConfigError("config.algo.judge_train=True needs config.algo.judgment=True")
-    if c.algo.judge_train and c.judge.samples < 2:
-        raise ConfigError(f"config.algo.judge_train=True needs config.judge.samples >= 2 (GRPO over the k judgments "
-                          f"of a trajectory), got {c.judge.samples!r}")
     if c.algo.milestones != "facts" and c.env.name != "alfworld":
-        raise ConfigError(f"config.algo.milestones={c.algo.milestones!r} is only wired for env.name='alfworld', "
-                          f"not {c.env.name!r} (its milestones come from the environment)")
+        raise ConfigError(
+            f"config.algo.milestones={c.algo.milestones!r} is only wired for env.name='alfworld', "
+            f"not {c.env.name!r} (its milestones come from the environment)"
+        )
 
 
 def _check_batch_buckets(c: mlc.ConfigDict) -> None:
@@ -438,7 +504,9 @@ def _check_batch_buckets(c: mlc.ConfigDict) -> None:
     per_task = a.num_strategies * a.traj_per_strategy if strata else a.group_size
     need = {"algo.tasks_per_iter x trajectories per task": a.tasks_per_iter * per_task}
     if a.judgment:
-        need["algo.tasks_per_iter x trajectories per task x judge.samples"] = a.tasks_per_iter * per_task * c.judge.samples
+        need["algo.tasks_per_iter x trajectories per task x judge.samples"] = (
+            a.tasks_per_iter * per_task * c.judge.samples
+        )
     if strata:
         need["algo.tasks_per_iter x oversample x num_strategies"] = a.tasks_per_iter * a.oversample * a.num_strategies
     if c.eval.every:
@@ -446,34 +514,43 @@ def _check_batch_buckets(c: mlc.ConfigDict) -> None:
     largest = max(c.sampling.batch_buckets)
     for what, n in need.items():
         if n > largest:
-            raise ConfigError(f"config.sampling.batch_buckets={tuple(c.sampling.batch_buckets)}: a policy call of "
-                              f"{what} = {n} rows exceeds the largest bucket {largest}; add a bucket >= {n}")
+            raise ConfigError(
+                f"config.sampling.batch_buckets={tuple(c.sampling.batch_buckets)}: a policy call of "
+                f"{what} = {n} rows exceeds the largest bucket {largest}; add a bucket >= {n}"
+            )
 
 
 def _validate_mesh(c: mlc.ConfigDict) -> None:
     h = c.mesh
     if h.num_processes < 0 or h.rollout_shards < 0:
-        raise ConfigError(f"config.mesh.num_processes={h.num_processes} / rollout_shards={h.rollout_shards} "
-                          "must be >= 0 (0 = unset)")
+        raise ConfigError(
+            f"config.mesh.num_processes={h.num_processes} / rollout_shards={h.rollout_shards} must be >= 0 (0 = unset)"
+        )
     if h.process_id < -1:
         raise ConfigError(f"config.mesh.process_id={h.process_id} must be >= 0 (or -1 = unset)")
-    if not h.distributed and (h.coordinator_address or h.num_processes > 1 or h.process_id >= 0
-                              or h.local_device_ids):
-        raise ConfigError("config.mesh.coordinator_address / num_processes / process_id / local_device_ids "
-                          "only apply with --config.mesh.distributed=True")
+    if not h.distributed and (h.coordinator_address or h.num_processes > 1 or h.process_id >= 0 or h.local_device_ids):
+        raise ConfigError(
+            "config.mesh.coordinator_address / num_processes / process_id / local_device_ids "
+            "only apply with --config.mesh.distributed=True"
+        )
     if h.num_processes and h.process_id >= h.num_processes:
         raise ConfigError(f"config.mesh.process_id={h.process_id} must be < num_processes={h.num_processes}")
     p = c.algo.tasks_per_iter
     if h.rollout_shards and p % h.rollout_shards:
-        raise ConfigError(f"config.algo.tasks_per_iter={p} must divide by config.mesh.rollout_shards="
-                          f"{h.rollout_shards}")
+        raise ConfigError(
+            f"config.algo.tasks_per_iter={p} must divide by config.mesh.rollout_shards={h.rollout_shards}"
+        )
     shards = h.rollout_shards or h.num_processes
     if h.num_processes and shards % h.num_processes:
-        raise ConfigError(f"config.mesh.rollout_shards={h.rollout_shards} must be a multiple of "
-                          f"num_processes={h.num_processes} (every process collects whole shards)")
+        raise ConfigError(
+            f"config.mesh.rollout_shards={h.rollout_shards} must be a multiple of "
+            f"num_processes={h.num_processes} (every process collects whole shards)"
+        )
     if shards and p % shards:
-        raise ConfigError(f"config.algo.tasks_per_iter={p} must divide by the {shards} rollout shards "
-                          "(config.mesh.num_processes / rollout_shards): each shard collects P / shards tasks")
+        raise ConfigError(
+            f"config.algo.tasks_per_iter={p} must divide by the {shards} rollout shards "
+            "(config.mesh.num_processes / rollout_shards): each shard collects P / shards tasks"
+        )
 
 
 def get_config() -> mlc.ConfigDict:

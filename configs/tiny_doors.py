@@ -25,7 +25,8 @@ def doors(algo: str):
     c.algo.tasks_per_iter = 8
     c.algo.group_size = 8
     c.algo.num_strategies, c.algo.traj_per_strategy, c.algo.oversample = 2, 4, 1
-    c.algo.diverse = False  # one candidate per strategy slot: nothing to select (bench/learning.py --ablation turns it on)
+    # one candidate per strategy slot: nothing to select (bench/learning.py --ablation turns it on)
+    c.algo.diverse = False
     c.algo.strategy_budget = 24
     c.env.horizon_min = c.env.horizon_max = 2
     c.env.max_steps = 2

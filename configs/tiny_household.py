@@ -3,11 +3,11 @@
     python launch.py --config configs/tiny_household.py --workdir runs/household
 
 Builds the model (random init, tokenizer trained on the household grammar), warm-starts it with
-SFT on expert demonstrations, then trains StraTA; sized to finish in minutes on 2 CPU cores. It
-was the embedded default until issue #13's eleventh round: at this model size RL does not raise
-its held-out success (eleven rounds in docs/RESULTS.md, every setting flat or lower), so the
-embedded default is now the signpost corridor (configs/tiny_signs.py), where it does. Use this
-config to check the household pipeline end to end, not to watch an agent improve.
+SFT on expert demonstrations, then trains StraTA; sized to finish in minutes on 2 CPU cores. At
+this model size RL does not raise held-out success on the household world (docs/RESULTS.md: every
+setting flat or lower), so the embedded default is the signpost corridor (configs/tiny_signs.py),
+where it does. Use this config to check the household pipeline end to end, not to watch an agent
+improve.
 """
 
 from configs.base import base_config, with_algo_env
@@ -47,7 +47,7 @@ def get_config():
     c.sft.batch_rows = 16
     c.sft.num_tasks = 1024
     c.sft.judge_share = 0.125
-    c.sft.epsilon = 0.15  # epsilon-soft demonstrations: the warm start keeps exploring (issue #13)
+    c.sft.epsilon = 0.15  # epsilon-soft demonstrations: the warm start keeps exploring
     c.eval.every = 4
     c.eval.num_tasks = 64  # one task = 1.6 points
     c.checkpoint.every = 2

@@ -11,10 +11,10 @@ for: an episode-level plan that conditions every later action, and revising that
 environment shows something new.
 
 The warm start: 500 reading steps (`sft.read_steps`: the loss only on the answer words copied
-from the prompt; without them the tiny model never reads the sign, docs/RESULTS.md round 9)
+from the prompt; without them the tiny model never reads the sign, docs/RESULTS.md)
 and 1,000 whole-answer steps on 512 demonstration corridors. Its revisions name the sign's
 colour only part of the time, and its actions at doors 5-6 do not always follow the revision:
-RL on the outcome reward improves both (docs/RESULTS.md, issue #13's eleventh round).
+RL on the outcome reward improves both (docs/RESULTS.md, "The embedded default learns").
 """
 
 from configs.tiny_doors import doors
@@ -31,7 +31,7 @@ def signs(algo: str):
     c.train.mini_batch_rows = 48  # 8 rows a step per door, as the 2-door check
     # RL on the warm start's text is fragile: at lr 7e-4 with no warm-up the first Adam steps (each
     # parameter moved by about lr) gave KL 0.6-0.7 in iteration 1 and one seed's strategies and
-    # revisions came apart into tag soup; these three keep KL near 0.01 (docs/RESULTS.md, round 11).
+    # revisions came apart into tag soup; these three keep KL near 0.01 (docs/RESULTS.md).
     c.train.lr = 3e-4
     c.train.warmup_steps = 30  # about 3 iterations of optimiser steps
     c.train.kl_coef = 0.05

@@ -21,22 +21,33 @@ from strata_jax.advantages import compute_advantages
 from strata_jax.advantages.params import AdvantageParams, stack_params
 from strata_jax.batch import TrajectoryBatch
 from strata_jax.diagnostics import compute_diagnostics
+from strata_jax.names import BEACON_ALGOS, STRATA_ALGOS
 
 # Traced advantage parameters a saved batch can be re-scored under.
-SWEEPABLE = ("delta", "kappa", "gamma", "beacon_gamma", "lam_seg", "omega", "invalid_penalty",
-             "r_ms", "c_len", "c_fmt")
+SWEEPABLE = ("delta", "kappa", "gamma", "beacon_gamma", "lam_seg", "omega", "invalid_penalty", "r_ms", "c_len", "c_fmt")
 # lam_strategy weights the strategy rows in the loss only (ALGORITHMS.md 3.5): re-scoring cannot see
 # it, so only a population training (`ablate --train`) sweeps it.
 LOSS_ONLY = ("lam_strategy",)
 METRICS = ("esu", "zero_adv_ratio", "car", "ccr")
 # The algorithms whose advantages (or loss) read each parameter (strata_jax/advantages/). A grid
 # over a parameter the run's algorithm never reads would train or score K identical copies.
-_STRATA, _BEACON = ("strata", "strata+beacon"), ("beacon", "strata+beacon")
-READ_BY = {"delta": _STRATA, "kappa": _STRATA, "c_len": _STRATA, "c_fmt": _STRATA, "lam_strategy": _STRATA,
-           "gamma": ("gigpo",), "omega": ("gigpo",), "beacon_gamma": _BEACON, "lam_seg": _BEACON, "r_ms": _BEACON}
+READ_BY = {
+    "delta": STRATA_ALGOS,
+    "kappa": STRATA_ALGOS,
+    "c_len": STRATA_ALGOS,
+    "c_fmt": STRATA_ALGOS,
+    "lam_strategy": STRATA_ALGOS,
+    "gamma": ("gigpo",),
+    "omega": ("gigpo",),
+    "beacon_gamma": BEACON_ALGOS,
+    "lam_seg": BEACON_ALGOS,
+    "r_ms": BEACON_ALGOS,
+}
 
 
-def parse_grid(specs: list[str], allowed: tuple[str, ...] = SWEEPABLE, algo: str | None = None) -> dict[str, list[float]]:
+def parse_grid(
+    specs: list[str], allowed: tuple[str, ...] = SWEEPABLE, algo: str | None = None
+) -> dict[str, list[float]]:
     """['delta=0.25,0.5', 'kappa=0,0.1'] -> {'delta': [0.25, 0.5], 'kappa': [0.0, 0.1]}; names checked,
     and with `algo` also that the algorithm reads each name (READ_BY)."""
     if not specs:
@@ -48,13 +59,17 @@ def parse_grid(specs: list[str], allowed: tuple[str, ...] = SWEEPABLE, algo: str
         if not sep or not values.strip():
             raise ValueError(f"--grid {spec!r}: expected NAME=v1,v2,...")
         if name in LOSS_ONLY and name not in allowed:
-            raise ValueError(f"--grid {name!r} weights the loss only, so re-scoring saved batches cannot show it: "
-                             "sweep it with `launch.py ablate --train`")
+            raise ValueError(
+                f"--grid {name!r} weights the loss only, so re-scoring saved batches cannot show it: "
+                "sweep it with `launch.py ablate --train`"
+            )
         if name not in allowed:
             raise ValueError(f"--grid {name!r} is not sweepable; choose from {list(allowed)}")
         if algo is not None and algo not in READ_BY.get(name, (algo,)):
-            raise ValueError(f"--grid {name!r} is not read by algo.name={algo!r} (only by {', '.join(READ_BY[name])}): "
-                             "every grid point would give the same result")
+            raise ValueError(
+                f"--grid {name!r} is not read by algo.name={algo!r} (only by {', '.join(READ_BY[name])}): "
+                "every grid point would give the same result"
+            )
         if name in grid:
             raise ValueError(f"--grid {name!r} given twice")
         try:
@@ -74,7 +89,9 @@ def grid_points(base: AdvantageParams, grid: dict[str, list[float]]) -> tuple[li
 def load_batches(workdir: pathlib.Path) -> list[TrajectoryBatch]:
     files = sorted((workdir / "batches").glob("iter_*.npz"))
     if not files:
-        raise FileNotFoundError(f"no saved rollout batches under {workdir / 'batches'} (train with log.save_batches=True)")
+        raise FileNotFoundError(
+            f"no saved rollout batches under {workdir / 'batches'} (train with log.save_batches=True)"
+        )
     out = []
     for f in files:
         with np.load(f) as z:
@@ -113,8 +130,9 @@ def _rank_agreement(strategy_adv: np.ndarray, mask: np.ndarray, ref: np.ndarray)
     return out
 
 
-def ablation_table(batches: list[TrajectoryBatch], base: AdvantageParams, grid: dict[str, list[float]],
-                   algo: str) -> list[dict]:
+def ablation_table(
+    batches: list[TrajectoryBatch], base: AdvantageParams, grid: dict[str, list[float]], algo: str
+) -> list[dict]:
     points, stacked = grid_points(base, grid)
     fn = _grid_fn(algo)
     ref_fn = jax.jit(lambda b, p: compute_advantages(b, p, algo).strategy)
@@ -172,4 +190,3 @@ def run_ablation(config, workdir: pathlib.Path, specs: list[str]) -> pathlib.Pat
     for r in rows:
         print("  ".join(f"{k}={v:.4g}" for k, v in r.items()))
     return workdir / "ablation.csv"
-

@@ -8,7 +8,7 @@ One iteration over `P` tasks (ALGORITHMS 0, 3.1-3.4):
 3. every step, the prompts of all running envs go to the policy in ONE call; outputs are parsed,
    invalid ones are sent as "" (the env's no-op) and marked invalid;
    with `revise_every = K`, before steps K, 2K, ... one policy call revises the strategy of every
-   running trajectory (rollout/revision.py; issue #15);
+   running trajectory (rollout/revision.py);
 4. self-judgment: one policy call over all finished trajectories, `judge_samples` per trajectory
    (rollout/judge.py);
 5. TrajectoryBatch [P, N, M, H] + TokenBatch (one row per trained LLM call).
@@ -24,28 +24,34 @@ import functools
 import gc
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from rollout import judge as judge_mod
 from rollout import prompts
 from rollout import revision as revision_mod
-from rollout.parsing import (INADMISSIBLE, INVALID_REASONS, TOO_LONG, action_content_span, normalize_action,
-                             parse_action, parse_strategy)
 from rollout.envs import INTROS, REWARD_IN_RETURN
 from rollout.envs.vector import SerialEnvPool
+from rollout.options import CONFIG_KEYS, MODES, first_problem
+from rollout.parsing import (
+    INADMISSIBLE,
+    INVALID_REASONS,
+    TOO_LONG,
+    action_content_span,
+    normalize_action,
+    parse_action,
+    parse_strategy,
+)
 from rollout.policy import Generation, Policy
+from rollout.progress import progress
 from strata_jax import diversity
 from strata_jax.batch import TokenBatch, TrajectoryBatch, pad_token_rows, smallest_bucket
 
-MODES = ("strata", "flat")
-PENALTY_TOKENS = ("action", "divergence", "response")
-
-
 # --- configuration --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -68,7 +74,7 @@ class RolloutConfig:
     # when the command was wrong (inadmissible, too long), the whole response when the format was
     # (no / several / empty <action> tags); "response" = every response token (the spec's wording).
     # The <think>/<action> format tokens are shared by every step, so "response" pushes the format
-    # itself down whenever a command is wrong (issue #13: 98% invalid from a weak start).
+    # itself down whenever a command is wrong (from a weak start that reached 98% invalid outputs).
     # "divergence" = only the token at which an inadmissible command stops being the start of any
     # admissible one ("go to cabinet 3" where cabinets 1 and 2 exist: the "3"); the words before
     # it were right, and pushing them down is pushing down every command that starts with them.
@@ -90,28 +96,19 @@ class RolloutConfig:
     def m(self) -> int:
         return self.traj_per_strategy if self.mode == "strata" else self.group_size
 
-    def validate(self) -> "RolloutConfig":
+    def validate(self) -> RolloutConfig:
+        """Raise ValueError naming the field of the first rule broken (rollout/options.py: the
+        rules configs/base.py checks on a run config too)."""
         if self.mode not in MODES:
-            raise ValueError(f"RolloutConfig.mode={self.mode!r}; choose one of {MODES}")
-        if self.penalty_tokens not in PENALTY_TOKENS:
-            raise ValueError(f"RolloutConfig.penalty_tokens={self.penalty_tokens!r}; choose one of {PENALTY_TOKENS}")
-        for name in ("group_size", "num_strategies", "traj_per_strategy", "oversample",
-                     "max_steps", "row_multiple", "judge_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name}={getattr(self, name)} must be >= 1")
-        if self.action_format not in ("text", "index"):
-            raise ValueError(f"RolloutConfig.action_format={self.action_format!r}; choose 'text' or 'index'")
-        if self.action_format == "index" and self.penalty_tokens == "divergence":
-            raise ValueError("RolloutConfig.penalty_tokens='divergence' compares command text; an index answer is a number")
-        if self.revise_every < 0:
-            raise ValueError(f"RolloutConfig.revise_every={self.revise_every} must be >= 0")
-        if self.revise_every and self.mode != "strata":
-            raise ValueError("RolloutConfig.revise_every > 0 revises a strategy: only mode='strata' has one")
-        if self.judge_train and not self.judgment:
-            raise ValueError("RolloutConfig.judge_train=True needs judgment=True (there is nothing to train)")
-        if self.judge_train and self.judge_samples < 2:
-            raise ValueError(f"RolloutConfig.judge_train=True needs judge_samples >= 2 (GRPO over the k "
-                             f"judgments of a trajectory; k={self.judge_samples} gives only singleton groups)")
+            raise ValueError(f"RolloutConfig.mode={self.mode!r} is not allowed; choose one of {list(MODES)}")
+        problem = first_problem(
+            {f: getattr(self, f) for f in CONFIG_KEYS},
+            strata=self.mode == "strata",
+            name=lambda f: f"RolloutConfig.{f}",
+            algo=f"mode={self.mode!r}",
+        )
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
@@ -125,28 +122,48 @@ class RolloutConfig:
         return self.judge_samples if self.judgment else 0
 
     @classmethod
-    def from_config(cls, c: Any, eval_mode: bool = False) -> "RolloutConfig":
+    def from_config(cls, c: Any, eval_mode: bool = False) -> RolloutConfig:
         """From the ml_collections run config (configs/base.py).
 
         `eval_mode`: one trajectory per task (StraTA: one strategy, no oversampling), no judgment.
         """
         strata = c.algo.name.startswith("strata")
         intro = INTROS.get(c.env.name, prompts.INTRO)
-        cfg = cls(mode="strata" if strata else "flat", group_size=c.algo.group_size,
-                  num_strategies=c.algo.num_strategies, traj_per_strategy=c.algo.traj_per_strategy,
-                  oversample=c.algo.oversample, diverse=c.algo.diverse, judgment=c.algo.judgment,
-                  judge_samples=int(c.judge.samples), judge_train=bool(c.algo.judge_train),
-                  revise_every=int(c.algo.revise_every),
-                  max_steps=c.env.max_steps, history_length=c.env.history_length,
-                  show_first_observation=bool(c.env.show_first_observation),
-                  action_format=str(c.env.action_format), r_succ=c.algo.r_succ, strategy_budget=c.algo.strategy_budget,
-                  penalty_tokens=c.algo.invalid_penalty_tokens,
-                  env_reward_in_return=c.env.name in REWARD_IN_RETURN,
-                  length_buckets=tuple(c.train.length_buckets),
-                  row_multiple=c.train.mini_batch_rows, intro=intro, progress=c.log.progress)
+        cfg = cls(
+            mode="strata" if strata else "flat",
+            group_size=c.algo.group_size,
+            num_strategies=c.algo.num_strategies,
+            traj_per_strategy=c.algo.traj_per_strategy,
+            oversample=c.algo.oversample,
+            diverse=c.algo.diverse,
+            judgment=c.algo.judgment,
+            judge_samples=int(c.judge.samples),
+            judge_train=bool(c.algo.judge_train),
+            revise_every=int(c.algo.revise_every),
+            max_steps=c.env.max_steps,
+            history_length=c.env.history_length,
+            show_first_observation=bool(c.env.show_first_observation),
+            action_format=str(c.env.action_format),
+            r_succ=c.algo.r_succ,
+            strategy_budget=c.algo.strategy_budget,
+            penalty_tokens=c.algo.invalid_penalty_tokens,
+            env_reward_in_return=c.env.name in REWARD_IN_RETURN,
+            length_buckets=tuple(c.train.length_buckets),
+            row_multiple=c.train.mini_batch_rows,
+            intro=intro,
+            progress=c.log.progress,
+        )
         if eval_mode:
-            cfg = dataclasses.replace(cfg, group_size=1, num_strategies=1, traj_per_strategy=1,
-                                      oversample=1, diverse=False, judgment=False, judge_train=False)
+            cfg = dataclasses.replace(
+                cfg,
+                group_size=1,
+                num_strategies=1,
+                traj_per_strategy=1,
+                oversample=1,
+                diverse=False,
+                judgment=False,
+                judge_train=False,
+            )
         return cfg
 
 
@@ -160,6 +177,7 @@ class RolloutResult:
 
 # --- hashing --------------------------------------------------------------------------------------
 
+
 def text_id(text: str) -> int:
     """Stable non-negative 63-bit id of a text (blake2b, unlike Python's per-process salted hash)."""
     d = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
@@ -167,6 +185,7 @@ def text_id(text: str) -> int:
 
 
 # --- environments ---------------------------------------------------------------------------------
+
 
 @dataclass
 class EnvOut:
@@ -207,6 +226,7 @@ def to_env_out(r: Any, is_reset: bool) -> EnvOut:
 
 # --- per-iteration state --------------------------------------------------------------------------
 
+
 class _State:
     """Host-side record of one iteration; step arrays are [E, H] with E = P*N*M, e = (p*N+n)*M+m."""
 
@@ -237,7 +257,7 @@ class _State:
         self.z_kept = np.zeros((self.P, self.N), bool)
         self.candidates: list[list[str]] = [[] for _ in range(self.P)]
         self.judge_texts: dict[tuple[int, int, int], Any] = {}
-        # issue #15: revisions, the step's strategy slot, state changes, k judgments
+        # strategy revision and self-judgment: revisions, the step's strategy slot, state changes, k judgments
         self.rev = revision_mod.Revisions(E, cfg.num_revisions, [None] * E)
         self.step_slot = np.zeros((E, H), np.int32)
         self.changed = np.ones((E, H), bool)
@@ -280,6 +300,7 @@ def _env_call(st: _State, fn, *args) -> list[EnvOut]:
 
 # --- phases ---------------------------------------------------------------------------------------
 
+
 def _reset(pool: Any, st: _State) -> None:
     seeds = [st.tasks[st.pnm(e)[0]] for e in range(st.E)]
     outs = _env_call(st, pool.reset, list(range(st.E)), seeds)
@@ -302,8 +323,9 @@ def _strategies(policy: Policy, st: _State, cfg: RolloutConfig) -> None:
     live = [p for p in range(st.P) if st.first_obs[p] is not None]
     keys = [(p, k) for p in live for k in range(K)]
     words = prompts.STRATEGY_WORDS if cfg.strategy_budget is None else max(cfg.strategy_budget * 3 // 4, 1)
-    msgs = [prompts.strategy_prompt(st.task_line[p], st.first_obs[p], max_words=words, intro=cfg.intro)
-            for p, _ in keys]
+    msgs = [
+        prompts.strategy_prompt(st.task_line[p], st.first_obs[p], max_words=words, intro=cfg.intro) for p, _ in keys
+    ]
     gens = _generate(policy, st, msgs, "strategy", keys) if keys else []
     by_key = dict(zip(keys, gens))
     emb, cand, score = _candidate_arrays(st, by_key, K, cfg.diverse)
@@ -326,8 +348,10 @@ def _candidate_arrays(st: _State, by_key: dict, K: int, diverse: bool):
     """embeddings [P, K, D], candidate mask [P, K], start scores [P, K] (mean token log-prob)."""
     embs = [g.embedding for g in by_key.values()]
     if diverse and any(v is None for v in embs):
-        raise ValueError("diverse strategy selection needs Generation.embedding for every strategy; "
-                         "the policy returned None (set diverse=False or enable embeddings)")
+        raise ValueError(
+            "diverse strategy selection needs Generation.embedding for every strategy; "
+            "the policy returned None (set diverse=False or enable embeddings)"
+        )
     dim = next((len(v) for v in embs if v is not None), 1)
     emb = np.zeros((st.P, K, dim), np.float32)
     cand = np.zeros((st.P, K), bool)
@@ -341,8 +365,9 @@ def _candidate_arrays(st: _State, by_key: dict, K: int, diverse: bool):
     return emb, cand, score
 
 
-def select_strategies(emb: np.ndarray, cand: np.ndarray, score: np.ndarray, n: int,
-                      diverse: bool) -> tuple[np.ndarray, np.ndarray]:
+def select_strategies(
+    emb: np.ndarray, cand: np.ndarray, score: np.ndarray, n: int, diverse: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """indices [P, n] into the K candidates and kept [P, n] (ALGORITHMS 3.2)."""
     if diverse:
         idx, kept = diversity.farthest_point_select(emb, cand, score, n)
@@ -355,20 +380,27 @@ def _step_prompt(st: _State, e: int, t: int, cfg: RolloutConfig):
     p, n, _ = st.pnm(e)
     # the strategy in force: z_n, or its latest adopted revision (rollout/revision.py)
     z = st.rev.current[e] if cfg.revise_every else st.z[p][n]
-    return prompts.step_prompt(st.task_line[p], st.obs[e], st.admissible[e], st.history[e],
-                               strategy=z, step=t, history_length=cfg.history_length,
-                               intro=cfg.intro,
-                               first_observation=st.first_obs[p] if cfg.show_first_observation else None,
-                               numbered=cfg.action_format == "index")
+    return prompts.step_prompt(
+        st.task_line[p],
+        st.obs[e],
+        st.admissible[e],
+        st.history[e],
+        strategy=z,
+        step=t,
+        history_length=cfg.history_length,
+        intro=cfg.intro,
+        first_observation=st.first_obs[p] if cfg.show_first_observation else None,
+        numbered=cfg.action_format == "index",
+    )
 
 
-def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> None:
-    bar = tqdm(total=st.H, desc="rollout steps", disable=not cfg.progress, leave=False)
+def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig, bar) -> None:
+    """Up to H steps of every running trajectory; `bar` (rollout/progress.py) counts the steps."""
+    bar.status(f"{int(st.alive.sum())} episodes running")
     for t in range(st.H):
         active = np.flatnonzero(st.alive).tolist()
         if not active:
             break
-        bar.set_postfix(active=len(active))
         if revision_mod.is_revision_step(t, cfg.revise_every):
             _revise(policy, st, cfg, active, t)
         msgs = [_step_prompt(st, e, t, cfg) for e in active]
@@ -378,8 +410,8 @@ def _run_steps(pool: Any, policy: Policy, st: _State, cfg: RolloutConfig) -> Non
         outs = _env_call(st, pool.step, active, [pa.action for pa in parsed])
         for e, g, pa, r in zip(active, gens, parsed, outs):
             _record_step(st, e, t, g, pa, to_env_out(r, is_reset=False))
+        bar.set_postfix(running=int(st.alive.sum()))
         bar.update(1)
-    bar.close()
     st.cut_at_horizon = int(st.alive.sum())  # still running after H steps (env budget > H)
     st.alive[:] = False
 
@@ -427,8 +459,11 @@ def _judge(policy: Policy, st: _State, cfg: RolloutConfig) -> dict[str, float]:
         p, n, m = st.pnm(e)
         z = st.rev.strategy_history(e) if cfg.revise_every else st.z[p][n]
         for j in range(J):
-            items.append(judge_mod.JudgeItem(key=(p, n, m) if J == 1 else (p, n, m, j), task=st.task_line[p],
-                                             strategy=z, steps=st.history[e]))
+            items.append(
+                judge_mod.JudgeItem(
+                    key=(p, n, m) if J == 1 else (p, n, m, j), task=st.task_line[p], strategy=z, steps=st.history[e]
+                )
+            )
             where.append((e, j))
     msgs = judge_mod.judge_prompts(items, cfg.judge_excerpt_chars)
     gens = _generate(policy, st, msgs, "judge", [it.key for it in items]) if items else []
@@ -445,12 +480,16 @@ def _judge(policy: Policy, st: _State, cfg: RolloutConfig) -> dict[str, float]:
     for e in done:
         st.judge_texts[st.pnm(e)] = texts[e][0] if J == 1 else texts[e]
     st.judged_bad[:] = judge_mod.majority(st.judge_sets, st.judge_ok)
-    return {"judge_calls": float(len(items)), "judge_parse_fail": float(fails),
-            "judge_parse_fail_rate": fails / max(len(items), 1),
-            "judged_bad_steps": float(st.judged_bad.sum())}
+    return {
+        "judge_calls": float(len(items)),
+        "judge_parse_fail": float(fails),
+        "judge_parse_fail_rate": fails / max(len(items), 1),
+        "judged_bad_steps": float(st.judged_bad.sum()),
+    }
 
 
 # --- batches --------------------------------------------------------------------------------------
+
 
 def bucket(n: int, buckets: Sequence[int] | None, minimum: int = 16) -> int:
     """Smallest configured bucket >= n (None: the next power of two >= max(n, minimum))."""
@@ -459,8 +498,10 @@ def bucket(n: int, buckets: Sequence[int] | None, minimum: int = 16) -> int:
     b = smallest_bucket(n, buckets)
     if b is not None:
         return b
-    raise ValueError(f"a token row of {n} tokens exceeds the largest length bucket {max(buckets)}; "
-                     "raise train.length_buckets or shorten prompts / token budgets")
+    raise ValueError(
+        f"a token row of {n} tokens exceeds the largest length bucket {max(buckets)}; "
+        "raise train.length_buckets or shorten prompts / token budgets"
+    )
 
 
 def _traj_batch(st: _State, cfg: RolloutConfig) -> TrajectoryBatch:
@@ -485,17 +526,28 @@ def _traj_batch(st: _State, cfg: RolloutConfig) -> TrajectoryBatch:
         rev_len[e, r] = len(g.response_ids)
     labels = judge_mod.step_labels(st.step_mask, st.milestone, st.invalid, st.action_id, st.changed)
     return TrajectoryBatch.from_numpy(
-        step_mask=step(st.step_mask), won=won.reshape(shape[:3]),
+        step_mask=step(st.step_mask),
+        won=won.reshape(shape[:3]),
         episode_return=ret.astype(np.float32).reshape(shape[:3]),
-        env_reward=step(st.env_reward), invalid=step(st.invalid), milestone=step(st.milestone),
-        judged_bad=step(st.judged_bad), anchor_id=ids(st.anchor_id), action_id=ids(st.action_id),
-        strategy_mask=_strategy_mask(st), strategy_len=strategy_len,
-        strategy_malformed=st.z_malformed & _strategy_mask(st), horizon=st.horizon,
-        step_slot=step(st.step_slot), step_label=step(labels),
-        revision_mask=per(st.rev.mask, (R,)), revision_len=per(rev_len, (R,)),
+        env_reward=step(st.env_reward),
+        invalid=step(st.invalid),
+        milestone=step(st.milestone),
+        judged_bad=step(st.judged_bad),
+        anchor_id=ids(st.anchor_id),
+        action_id=ids(st.action_id),
+        strategy_mask=_strategy_mask(st),
+        strategy_len=strategy_len,
+        strategy_malformed=st.z_malformed & _strategy_mask(st),
+        horizon=st.horizon,
+        step_slot=step(st.step_slot),
+        step_label=step(labels),
+        revision_mask=per(st.rev.mask, (R,)),
+        revision_len=per(rev_len, (R,)),
         revision_malformed=per(st.rev.malformed, (R,)),
-        judge_valid=per(st.judge_valid, (J,)), judge_ok=per(st.judge_ok, (J,)),
-        judge_sets=np.where(keep[:, :, None], st.judge_sets, False).reshape(shape[:3] + (J, st.H)))
+        judge_valid=per(st.judge_valid, (J,)),
+        judge_ok=per(st.judge_ok, (J,)),
+        judge_sets=np.where(keep[:, :, None], st.judge_sets, False).reshape(shape[:3] + (J, st.H)),
+    )
 
 
 def _strategy_mask(st: _State) -> np.ndarray:
@@ -528,8 +580,9 @@ def _token_rows(st: _State, cfg: RolloutConfig) -> list[tuple[Generation, tuple[
     return [rows[i] for i in order]
 
 
-def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str,
-                       admissible: Sequence[str] | None = None) -> np.ndarray:
+def penalty_token_mask(
+    g: Generation, reason: str | None, decode: Any, mode: str, admissible: Sequence[str] | None = None
+) -> np.ndarray:
     """[len(response)] bool: the response tokens an invalid step's penalty lands on (see
     RolloutConfig.penalty_tokens). The action content is located in the decoded response and mapped
     to tokens through the decoded length of every token prefix.
@@ -544,8 +597,10 @@ def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str
     if mode == "response" or reason not in (INADMISSIBLE, TOO_LONG):
         return whole
     if decode is None:
-        raise ValueError(f"invalid_penalty_tokens={mode!r} needs a policy with decode(ids) -> str to find the "
-                         "action's tokens; this policy has none (use 'response')")
+        raise ValueError(
+            f"invalid_penalty_tokens={mode!r} needs a policy with decode(ids) -> str to find the "
+            "action's tokens; this policy has none (use 'response')"
+        )
     ids = [int(i) for i in g.response_ids]
     text = decode(ids)
     span = action_content_span(text)
@@ -561,7 +616,7 @@ def penalty_token_mask(g: Generation, reason: str | None, decode: Any, mode: str
         for i in np.flatnonzero(out):
             # the content up to the end of token i, normalised (a trailing space stays: "go to "
             # is the start of "go to desk 1", "goto" is not the start of anything)
-            prefix = text[span[0]:min(int(ends[i]), span[1])]
+            prefix = text[span[0] : min(int(ends[i]), span[1])]
             norm = normalize_action(prefix) + (" " if prefix[-1:].isspace() else "")
             if not any(c.startswith(norm) for c in cmds):
                 return np.arange(n) == i
@@ -582,8 +637,9 @@ def _penalty_mask(st: _State, rows: list, packed: dict, decode: Any, cfg: Rollou
         if not st.invalid[e, t]:
             continue
         k = len(g.response_ids)
-        mask[s, length - k:] = penalty_token_mask(g, st.logs[e][t]["reason"], decode, cfg.penalty_tokens,
-                                                  st.invalid_admissible.get((e, t)))
+        mask[s, length - k :] = penalty_token_mask(
+            g, st.logs[e][t]["reason"], decode, cfg.penalty_tokens, st.invalid_admissible.get((e, t))
+        )
     return mask
 
 
@@ -592,18 +648,32 @@ def _token_batch(st: _State, cfg: RolloutConfig, decode: Any = None) -> TokenBat
     longest = max((len(g.prompt_ids) + len(g.response_ids) for g, _ in rows), default=1)
     length = bucket(longest, cfg.length_buckets)
     num_rows = max(-(-len(rows) // cfg.row_multiple), 1) * cfg.row_multiple
-    packed = pad_token_rows([g.prompt_ids for g, _ in rows], [g.response_ids for g, _ in rows],
-                            [g.logprobs for g, _ in rows], length, num_rows, cfg.pad_id)
+    packed = pad_token_rows(
+        [g.prompt_ids for g, _ in rows],
+        [g.response_ids for g, _ in rows],
+        [g.logprobs for g, _ in rows],
+        length,
+        num_rows,
+        cfg.pad_id,
+    )
     row_index = np.zeros((num_rows, 4), np.int32)
     row_index[: len(rows)] = [idx for _, idx in rows] if rows else np.zeros((0, 4), np.int32)
     zeros = np.zeros((num_rows, length), np.float32)
-    return TokenBatch(tokens=packed["tokens"], attention_mask=packed["attention_mask"],
-                      loss_mask=packed["loss_mask"], old_logp=packed["old_logp"],
-                      ref_logp=zeros, advantage=zeros.copy(), row_index=row_index,
-                      row_valid=packed["row_valid"], penalty_mask=_penalty_mask(st, rows, packed, decode, cfg))
+    return TokenBatch(
+        tokens=packed["tokens"],
+        attention_mask=packed["attention_mask"],
+        loss_mask=packed["loss_mask"],
+        old_logp=packed["old_logp"],
+        ref_logp=zeros,
+        advantage=zeros.copy(),
+        row_index=row_index,
+        row_valid=packed["row_valid"],
+        penalty_mask=_penalty_mask(st, rows, packed, decode, cfg),
+    )
 
 
 # --- entry point ----------------------------------------------------------------------------------
+
 
 def collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig) -> RolloutResult:
     """One rollout iteration over `tasks` (P task seeds). See the module docstring.
@@ -631,18 +701,36 @@ def _collect(envs: Any, policy: Policy, tasks: Sequence[int], cfg: RolloutConfig
     st = _State(tasks, cfg)
     if pool.num_envs < st.E:
         raise ValueError(f"the pool has {pool.num_envs} envs; P*N*M = {st.P}*{st.N}*{st.M} = {st.E} needed")
-    _reset(pool, st)
-    if cfg.mode == "strata":
-        _strategies(policy, st, cfg)
-    _run_steps(pool, policy, st, cfg)
-    stats = _judge(policy, st, cfg) if cfg.judgment else {}
+    # The bar from the start: resets and the strategy call (the first compiles) can take minutes.
+    with progress(
+        total=st.H,
+        desc="rollout steps",
+        enabled=cfg.progress,
+        unit="step",
+        leave=False,
+        postfix=f"resetting {st.E} episodes of {st.P} tasks",
+    ) as bar:
+        _reset(pool, st)
+        if cfg.mode == "strata":
+            k = cfg.oversample * st.N
+            bar.status(f"sampling {k} strateg{'y' if k == 1 else 'ies'} per task")
+            _strategies(policy, st, cfg)
+        _run_steps(pool, policy, st, cfg, bar)
+        if cfg.judgment:
+            bar.status(f"judging {int((~st.masked()).sum())} trajectories")
+        stats = _judge(policy, st, cfg) if cfg.judgment else {}
     t_build = time.perf_counter()
     traj, tokens = _traj_batch(st, cfg), _token_batch(st, cfg, getattr(policy, "decode", None))
     build_s = time.perf_counter() - t_build
     stats.update(_stats(st, tokens))
     total = time.perf_counter() - t0
-    stats.update(time_s=total, policy_time_s=st.policy_s, env_time_s=st.env_s, build_time_s=build_s,
-                 non_policy_share=1.0 - st.policy_s / max(total, 1e-9))
+    stats.update(
+        time_s=total,
+        policy_time_s=st.policy_s,
+        env_time_s=st.env_s,
+        build_time_s=build_s,
+        non_policy_share=1.0 - st.policy_s / max(total, 1e-9),
+    )
     return RolloutResult(traj=traj, tokens=tokens, stats=stats, texts=_texts(st))
 
 
@@ -669,7 +757,7 @@ def _stats(st: _State, tokens: TokenBatch) -> dict[str, float]:
         "rows_padded": float(tokens.tokens.shape[0]),
         "row_length": float(tokens.tokens.shape[1]),
     }
-    if st.rev.R:  # issue #15: only runs that revise report it (the metrics rows of other runs are unchanged)
+    if st.rev.R:  # only runs that revise report it (the metrics rows of other runs are unchanged)
         out["revisions"] = float(st.rev.mask[in_batch].sum())
         out["revision_malformed"] = float((st.rev.mask & st.rev.malformed)[in_batch].sum())
     reasons = {r: 0 for r in INVALID_REASONS}
@@ -684,8 +772,17 @@ def _texts(st: _State) -> dict[str, Any]:
     trajs = []
     for e in range(st.E):
         p, n, m = st.pnm(e)
-        trajs.append({"key": (p, n, m), "task": st.task_line[p], "strategy": st.z[p][n],
-                      "won": bool(st.won[e]), "crashed": bool(st.crashed[e]), "error": st.errors[e],
-                      "steps": st.logs[e], "judge": st.judge_texts.get((p, n, m)),
-                      "revisions": st.rev.log[e]})
+        trajs.append(
+            {
+                "key": (p, n, m),
+                "task": st.task_line[p],
+                "strategy": st.z[p][n],
+                "won": bool(st.won[e]),
+                "crashed": bool(st.crashed[e]),
+                "error": st.errors[e],
+                "steps": st.logs[e],
+                "judge": st.judge_texts.get((p, n, m)),
+                "revisions": st.rev.log[e],
+            }
+        )
     return {"candidates": st.candidates, "strategies": st.z, "trajectories": trajs}

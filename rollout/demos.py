@@ -10,8 +10,9 @@ ids and keeps the texts.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,9 @@ from rollout.collect import RolloutConfig, collect
 from rollout.envs.base import TextEnv
 from rollout.envs.doors import LOCKED
 from rollout.envs.household import HouseholdEnv, solve
-from rollout.envs.shop import ShopEnv, expert_plan as shop_plan, expert_strategy as shop_strategy
+from rollout.envs.shop import ShopEnv
+from rollout.envs.shop import expert_plan as shop_plan
+from rollout.envs.shop import expert_strategy as shop_strategy
 from rollout.policy import Generation, Messages, ScriptedPolicy, check_kind, fake_embedding, render
 from rollout.prompts import numbered_commands
 
@@ -52,17 +55,25 @@ def shop_expert(seed: int, env_kwargs: dict) -> tuple[list[str], str]:
 def household_kwargs(config: Any) -> dict:
     """HouseholdEnv arguments of a run config (the trainer's environments use the same)."""
     e = config.env
-    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
-            "n_extra_receptacles": int(e.extra_receptacles), "n_distractors": int(e.distractors),
-            "reveal_objects": bool(e.reveal_objects)}
+    return {
+        "max_steps": int(e.max_steps),
+        "horizon": (int(e.horizon_min), int(e.horizon_max)),
+        "n_extra_receptacles": int(e.extra_receptacles),
+        "n_distractors": int(e.distractors),
+        "reveal_objects": bool(e.reveal_objects),
+    }
 
 
 def shop_kwargs(config: Any) -> dict:
     """ShopEnv arguments of a run config."""
     e = config.env
-    return {"max_steps": int(e.max_steps), "horizon": (int(e.horizon_min), int(e.horizon_max)),
-            "catalog_seed": int(e.shop_catalog_seed), "num_products": int(e.shop_products),
-            "page_size": int(e.shop_page_size)}
+    return {
+        "max_steps": int(e.max_steps),
+        "horizon": (int(e.horizon_min), int(e.horizon_max)),
+        "catalog_seed": int(e.shop_catalog_seed),
+        "num_products": int(e.shop_products),
+        "page_size": int(e.shop_page_size),
+    }
 
 
 @dataclass(frozen=True)
@@ -83,13 +94,19 @@ def _doors_env(**kw) -> TextEnv:
 
 def doors_kwargs(config: Any) -> dict:
     e = config.env
-    return {"max_steps": int(e.max_steps), "doors": (int(e.horizon_min), int(e.horizon_max)),
-            "options": int(e.doors_options), "sign_at": int(e.doors_sign_at)}
+    return {
+        "max_steps": int(e.max_steps),
+        "doors": (int(e.horizon_min), int(e.horizon_max)),
+        "options": int(e.doors_options),
+        "sign_at": int(e.doors_sign_at),
+    }
 
 
-EXPERTS = {"household": Expert(HouseholdEnv, household_kwargs, household_expert),
-           "shop": Expert(ShopEnv, shop_kwargs, shop_expert),
-           "doors": Expert(_doors_env, doors_kwargs, None)}
+EXPERTS = {
+    "household": Expert(HouseholdEnv, household_kwargs, household_expert),
+    "shop": Expert(ShopEnv, shop_kwargs, shop_expert),
+    "doors": Expert(_doors_env, doors_kwargs, None),
+}
 
 
 def expert_for(config: Any) -> Expert:
@@ -103,8 +120,9 @@ def expert_env_kwargs(config: Any) -> dict:
     return expert_for(config).kwargs(config)
 
 
-def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "household", epsilon: float = 0.0,
-                  seed: int = 0) -> Callable[[Messages, str, Hashable], str]:
+def expert_script(
+    tasks: Sequence[int], env_kwargs: dict, env_name: str = "household", epsilon: float = 0.0, seed: int = 0
+) -> Callable[[Messages, str, Hashable], str]:
     """script(messages, kind, key) -> the expert's answer; keys as `collect` passes them.
 
     epsilon > 0 (household only): an epsilon-soft expert. Before each plan step, with probability
@@ -130,10 +148,15 @@ def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "house
             rooms[p], starts[p] = sorted(env.world.rtype), env.world.at
     walks: dict[Hashable, _Walk] = {}
 
-    def walk(p: int, key: Hashable) -> "_Walk":
+    def walk(p: int, key: Hashable) -> _Walk:
         if key not in walks:
-            walks[key] = _Walk(solved[p][0], rooms.get(p, []), starts.get(p), epsilon,
-                               np.random.default_rng([int(seed), *(int(k) for k in key)]))
+            walks[key] = _Walk(
+                solved[p][0],
+                rooms.get(p, []),
+                starts.get(p),
+                epsilon,
+                np.random.default_rng([int(seed), *(int(k) for k in key)]),
+            )
         return walks[key]
 
     def script(messages: Messages, kind: str, key: Hashable) -> str:
@@ -158,8 +181,7 @@ def expert_script(tasks: Sequence[int], env_kwargs: dict, env_name: str = "house
 class _Walk:
     """One demonstration trajectory of the epsilon-soft expert (see expert_script)."""
 
-    def __init__(self, plan: list[str], rooms: list[str], start: str | None, epsilon: float,
-                 rng: np.random.Generator):
+    def __init__(self, plan: list[str], rooms: list[str], start: str | None, epsilon: float, rng: np.random.Generator):
         self.plan, self.rooms, self.loc, self.eps, self.rng = plan, rooms, start, epsilon, rng
         self.i = 0  # next plan command
         self.t = 0  # steps taken
@@ -178,7 +200,7 @@ class _Walk:
         else:
             action = "look"
         if action.startswith("go to "):
-            self.loc = action[len("go to "):]
+            self.loc = action[len("go to ") :]
         return action
 
     def _detour(self) -> str:
@@ -216,7 +238,7 @@ def doors_script(tasks: Sequence[int], seed: int = 0, sign_at: int = 0) -> Calla
     that imitates it is valid but weak (two doors per step, two steps: it wins 1/4 of the time);
     only RL can teach it which door opens (the learnability tests).
 
-    The signpost corridor (`sign_at > 0`, issue #15's revision study) has a demonstrator of its
+    The signpost corridor (`sign_at > 0`, the strategy-revision study) has a demonstrator of its
     own, so that what RL has left to learn is which revision to write:
     - before the sign (doors 1..sign_at) it takes the red door, so it reaches the sign;
     - a step whose strategy or current observation names a colour takes that door; other steps
@@ -226,6 +248,7 @@ def doors_script(tasks: Sequence[int], seed: int = 0, sign_at: int = 0) -> Calla
       writes a useful revision about half the time: GRPO over the revisions (docs/CONTRACTS.md)
       has both kinds in a group to compare.
     """
+
     def script(messages: Messages, kind: str, key: Hashable) -> str:
         text = messages[-1]["content"]
         rng = np.random.default_rng([int(seed), *(int(k) for k in key)])
@@ -264,21 +287,28 @@ class ExpertPolicy:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def generate(self, prompts: list[Messages], kind: str,
-                 keys: Sequence[Hashable] | None = None) -> list[Generation]:
+    def generate(self, prompts: list[Messages], kind: str, keys: Sequence[Hashable] | None = None) -> list[Generation]:
         check_kind(kind)
         keys = list(range(len(prompts))) if keys is None else list(keys)
         out = []
         for messages, key in zip(prompts, keys):
             text = self.script(messages, kind, key)
-            prompt = np.asarray(self.tokenizer.encode(render(messages, self.tokenizer),
-                                                      add_special_tokens=False), np.int32)
+            prompt = np.asarray(
+                self.tokenizer.encode(render(messages, self.tokenizer), add_special_tokens=False), np.int32
+            )
             resp = np.asarray(self.tokenizer.encode(text, add_special_tokens=False), np.int32)
             if kind == "judge":
                 self.judge_rows.append((prompt, resp))
-            out.append(Generation(text=text, prompt_ids=prompt, response_ids=resp,
-                                  logprobs=np.zeros(len(resp), np.float32),
-                                  embedding=fake_embedding(text, self.embed_dim), finish_reason="stop"))
+            out.append(
+                Generation(
+                    text=text,
+                    prompt_ids=prompt,
+                    response_ids=resp,
+                    logprobs=np.zeros(len(resp), np.float32),
+                    embedding=fake_embedding(text, self.embed_dim),
+                    finish_reason="stop",
+                )
+            )
         return out
 
 
@@ -288,9 +318,20 @@ def demo_rollout_config(config: Any) -> RolloutConfig:
 
     cfg = RolloutConfig.from_config(config)
     # one judgment per task: the demonstrations' verdicts are rows of their own (ExpertPolicy)
-    return dataclasses.replace(cfg, group_size=1, num_strategies=1, traj_per_strategy=1, oversample=1,
-                               diverse=False, judgment=True, judge_samples=1, judge_train=False,
-                               progress=False, length_buckets=None, row_multiple=8)
+    return dataclasses.replace(
+        cfg,
+        group_size=1,
+        num_strategies=1,
+        traj_per_strategy=1,
+        oversample=1,
+        diverse=False,
+        judgment=True,
+        judge_samples=1,
+        judge_train=False,
+        progress=False,
+        length_buckets=None,
+        row_multiple=8,
+    )
 
 
 def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
@@ -312,8 +353,9 @@ def corpus(config: Any, num_tasks: int = 96, seed_offset: int = 0) -> list[str]:
     return texts
 
 
-def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
-             judge_share: float = 1.0) -> list[tuple[np.ndarray, np.ndarray]]:
+def sft_rows(
+    config: Any, tokenizer: Any, tasks: Sequence[int], judge_share: float = 1.0
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """(prompt_ids, response_ids) of every expert call on `tasks`: strategies, actions, and the
     judgments of the first `judge_share` of the tasks (the expert's verdict is always 'none', a
     format learnt from a few rows; long judge prompts would otherwise cost a sixth of SFT)."""
@@ -334,8 +376,9 @@ def sft_rows(config: Any, tokenizer: Any, tasks: Sequence[int],
         raise ValueError(f"config.sft.styles={styles!r}: choose 'own' or 'both'")
     expert = expert_for(config)
     kw = expert.kwargs(config)
-    policy = ExpertPolicy(tokenizer, expert_script(list(tasks), kw, config.env.name, float(config.sft.epsilon),
-                                                   int(config.seed)))
+    policy = ExpertPolicy(
+        tokenizer, expert_script(list(tasks), kw, config.env.name, float(config.sft.epsilon), int(config.seed))
+    )
     cfg = demo_rollout_config(config)
     envs = [expert.env_cls(**kw) for _ in range(len(tasks))]
     res = collect(envs, policy, list(tasks), cfg)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rollout.collect import collect
+from rollout.progress import note
 from rollout.report import BUCKETS
 from rollout.setup import env_kwargs, rollout_config
 
@@ -25,14 +26,19 @@ def evaluation_rollout(run: Run, envs, tasks: list[int], temperature: float):
     Several processes: only process 0 evaluates (no collective inside), with the params
     iteration_step already gathered."""
     if run.nproc > 1 and not run.policy_synced:
-        raise RuntimeError("evaluate on several processes needs a policy synced by every process first "
-                           "(Run.sync_policy): gathering the params here would wait forever on the others")
+        raise RuntimeError(
+            "evaluate on several processes needs a policy synced by every process first "
+            "(Run.sync_policy): gathering the params here would wait forever on the others"
+        )
     run.sync_policy()
     run.policy.reseed(int(run.config.seed) + 1, 0)  # the same eval samples for every checkpoint
     run.set_temperature(temperature)
-    # The per-step bar (rate and ETA over the episode's steps): a real model's evaluation takes
-    # minutes, and a silent one looks hung.
-    cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=bool(run.config.log.progress))
+    # A line saying what runs, then the per-step bar (rate and ETA over the episodes' steps, from
+    # the resets on; rollout/progress.py): a real model's evaluation takes minutes, and a silent
+    # one looks hung.
+    shown = bool(run.config.log.progress)
+    note(f"evaluating {len(tasks)} held-out tasks at temperature {temperature:g}", enabled=shown)
+    cfg = dataclasses.replace(rollout_config(run.config, eval_mode=True), progress=shown)
     return collect(envs, run.policy, tasks, cfg)
 
 
@@ -43,13 +49,24 @@ def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, 
     won = np.asarray(res.traj.won)[:, 0, 0]
     valid = np.asarray(res.traj.traj_mask)[:, 0, 0]
     horizon = np.asarray(res.traj.horizon)
+    # Each task's outcome, for whoever writes them out (the trainer: evals/iter_*.json): paired
+    # comparisons of two checkpoints need the tasks, not only the means.
+    run.eval_outcomes[prefix] = {
+        "tasks": [int(t) for t in tasks],
+        "won": won.astype(int).tolist(),
+        "valid": valid.astype(int).tolist(),
+        "horizon": horizon.astype(int).tolist(),
+        "temperature": float(temperature),
+    }
     steps = np.asarray(res.traj.step_mask) & valid[:, None, None, None]
     invalid = np.asarray(res.traj.invalid) & steps
-    out = {f"{prefix}/success": float(won[valid].mean()) if valid.any() else 0.0,
-           f"{prefix}/tasks": int(valid.sum()),
-           # the share of the steps whose output parsed as an admissible action
-           f"{prefix}/valid_action_rate": float(1.0 - invalid.sum() / max(int(steps.sum()), 1))}
-    bk = _bucket_of(horizon)
+    out = {
+        f"{prefix}/success": float(won[valid].mean()) if valid.any() else 0.0,
+        f"{prefix}/tasks": int(valid.sum()),
+        # the share of the steps whose output parsed as an admissible action
+        f"{prefix}/valid_action_rate": float(1.0 - invalid.sum() / max(int(steps.sum()), 1)),
+    }
+    bk = bucket_of(horizon)
     for i, name in enumerate(BUCKETS):
         sel = valid & (bk == i)
         if sel.any():
@@ -63,7 +80,7 @@ def evaluate(run: Run, envs, tasks: list[int], temperature: float, prefix: str, 
     return out
 
 
-def _bucket_of(h: np.ndarray) -> np.ndarray:
+def bucket_of(h: np.ndarray) -> np.ndarray:
     return np.where(h <= 4, 0, np.where(h <= 7, 1, 2))
 
 

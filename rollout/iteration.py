@@ -9,23 +9,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rollout.collect import collect
 from rollout.judge import judge_quality_row
-from rollout.scoring import check_window, score_batch, to_mesh, trim_rows, update_batch
+from rollout.scoring import score_batch, to_mesh, update_batch
 from rollout.setup import rollout_config, train_tasks
 from rollout.shards import merge_results, shard_tasks, to_host
 from strata_jax import cost, sharding
-from strata_jax.advantages import compute_advantages, invalid_penalty
-from strata_jax.advantages.params import AdvantageParams
-from strata_jax.advantages.weighting import step_weights
-from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages
+from strata_jax.advantages import compute_advantages, token_advantages
+from strata_jax.batch import check_window, has_signal, trim_rows
 from strata_jax.diagnostics import compute_diagnostics
 from strata_jax.packing import SharedBatch
-from strata_jax.tree import TreeRows
 from strata_jax.train import minibatches
+from strata_jax.tree import TreeRows
 
 if TYPE_CHECKING:
     from rollout.run import Run
@@ -84,11 +81,14 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     for mb in minibatches(jax.tree.map(np.asarray, tb), rows, seed=int(config.seed) * 100003 + iteration):
         if run.ptx_step is not None:  # PPO-ptx: one demonstration step per mini-batch, signal or not
             host = run.ptx.batch(ptx_rng)
-            run.work["update"].add(**cost.dense(*host["tokens"].shape, host["tokens"].shape[1]),
-                                   **cost.real(np.asarray(host["attention_mask"]).sum(axis=1)))
+            run.work["update"].add(
+                **cost.dense(*host["tokens"].shape, host["tokens"].shape[1]),
+                **cost.real(np.asarray(host["attention_mask"]).sum(axis=1)),
+            )
             pk = to_mesh(run, host)
-            run.state, nll = run.ptx_step(run.state, pk["tokens"], pk["attention_mask"], pk["loss_mask"],
-                                          float(config.train.ptx_coef))
+            run.state, nll = run.ptx_step(
+                run.state, pk["tokens"], pk["attention_mask"], pk["loss_mask"], float(config.train.ptx_coef)
+            )
             ptx_nll.append(float(jax.device_get(nll)))
         if config.train.skip_no_signal and not has_signal(mb):
             no_signal += 1
@@ -113,8 +113,17 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     run.sync_policy()
 
     row = {"iteration": iteration}
-    row.update(metrics_row(res, diag, sums, n_steps, no_signal, float(np.asarray(run.state.skipped)),
-                           judgment=bool(config.algo.judgment)))
+    row.update(
+        metrics_row(
+            res,
+            diag,
+            sums,
+            n_steps,
+            no_signal,
+            float(np.asarray(run.state.skipped)),
+            judgment=bool(config.algo.judgment),
+        )
+    )
     gen_tok = run.policy.tokens_generated - tok0
     row["time/sample_tok_s"] = gen_tok / max(run.policy.sample_seconds - s0, 1e-9)
     row["time/train_tok_s"] = float(np.asarray(tb.attention_mask).sum()) / max(times["update"], 1e-9)
@@ -133,19 +142,33 @@ def iteration_step(run: Run, envs, iteration: int, n_train: int | None) -> tuple
     return row, res
 
 
-def metrics_row(res, diag: dict, sums: dict, n_steps: int, no_signal: int, skipped: float,
-                judgment: bool = False) -> dict:
+def metrics_row(
+    res, diag: dict, sums: dict, n_steps: int, no_signal: int, skipped: float, judgment: bool = False
+) -> dict:
     """The train/* and update/* columns of an iteration's metrics row: the rollout `res`, its
     diagnostics, and the update's summed metrics over `n_steps` steps (`no_signal` mini-batches
     skipped, `skipped` the state's running count of skipped non-finite steps); with `judgment`,
-    the self-judgment's precision and recall against the environment's labels (issue #15)."""
+    the self-judgment's precision and recall against the environment's labels."""
     row = _diag_row("train", diag)
     row["train/success"] = float(res.stats["success_rate"])
     row.update(judge_quality_row(res.traj) if judgment else {})
-    row["train/episode_return"] = float(np.asarray(res.traj.episode_return)[np.asarray(res.traj.traj_mask)].mean()) \
-        if np.asarray(res.traj.traj_mask).any() else 0.0
-    for k in ("invalid_rate", "crashed", "unrun", "judge_parse_fail_rate", "judged_bad_steps", "strategy_malformed",
-              "milestones", "mean_episode_len", "revisions", "revision_malformed"):
+    row["train/episode_return"] = (
+        float(np.asarray(res.traj.episode_return)[np.asarray(res.traj.traj_mask)].mean())
+        if np.asarray(res.traj.traj_mask).any()
+        else 0.0
+    )
+    for k in (
+        "invalid_rate",
+        "crashed",
+        "unrun",
+        "judge_parse_fail_rate",
+        "judged_bad_steps",
+        "strategy_malformed",
+        "milestones",
+        "mean_episode_len",
+        "revisions",
+        "revision_malformed",
+    ):
         if k in res.stats:
             row[f"train/{k}"] = float(res.stats[k])
     for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
@@ -167,24 +190,3 @@ def _diag_row(prefix: str, diag: dict) -> dict:
 
 
 _compute_advantages = jax.jit(compute_advantages, static_argnames=("algo",))
-_gather = jax.jit(gather_advantages)
-
-
-def token_advantages(traj: TrajectoryBatch, adv, tb: TokenBatch, adv_params: AdvantageParams,
-                     step_weighting: str = "step") -> TokenBatch:
-    """The rollout's TokenBatch with each token's advantage filled in: the invalid penalty on the
-    tokens collect marked (TokenBatch.penalty_mask), the step / strategy / revision / judgment
-    advantage on the rest, step rows scaled by their weight (`train.step_weighting`,
-    strata_jax/advantages/weighting.py). The mask is dropped afterwards: the update reads only
-    `advantage`."""
-    tb = jax.tree.map(jnp.asarray, tb)
-    w = step_weights(traj, step_weighting)  # [P, N, M, H]
-    tb = _gather(adv.step * w, adv.strategy, tb, invalid_penalty(traj, adv_params) * w, adv.revision, adv.judge)
-    return tb.replace(penalty_mask=None)
-
-
-def has_signal(mb: TokenBatch) -> bool:
-    """A mini-batch whose loss tokens all have advantage 0 carries no outcome signal: a step on it
-    would be the KL and weight-decay terms alone, which AdamW's normalisation turns into a step of
-    about lr per parameter (issue #13: ~0.1 nats of drift per row per iteration). Skipped."""
-    return bool(np.any(np.asarray(mb.advantage)[np.asarray(mb.loss_mask) & np.asarray(mb.row_valid)[:, None]] != 0))

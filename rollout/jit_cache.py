@@ -2,9 +2,9 @@
 compiled programs from disk instead of compiling them again.
 
 On the CPU the household config compiles about 80 programs (a sampler per batch and prompt
-bucket, the train step, the advantages); with the cache warm, the CI smoke run of `launch.py`
-took 34 s instead of 100 s (docs/BENCHMARKS.md). A program is looked up by its HLO, the jax
-version and the compile options, so a changed model or config compiles anew.
+bucket, the train step, the advantages); with the cache warm, a second run skips most of that
+compile time. A program is looked up by its HLO, the jax version and the compile options, so a
+changed model or config compiles anew.
 
     STRATA_JIT_CACHE=DIR   cache folder (default: $JAX_COMPILATION_CACHE_DIR, else
                            ~/.cache/strata_jax/jit)

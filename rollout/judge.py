@@ -4,15 +4,15 @@ that neither follow the strategy nor advance the task.
 Pure text in, verdicts out; the rollout loop makes the one batched policy call between
 `judge_prompts` and `verdicts` (so it is timed and checked like every other call).
 
-Issue #15 (docs/CONTRACTS.md): `judge.samples = k` draws k judgments per trajectory and penalises
+Trained self-judgment (docs/CONTRACTS.md): `judge.samples = k` draws k judgments per trajectory and penalises
 the strict-majority set; `step_labels` is what the environment proves about each step, which
 rewards the judgments when `algo.judge_train` trains them (strata_jax/advantages/judge.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import jax
 import numpy as np
@@ -54,8 +54,7 @@ def judge(policy, items: Sequence[JudgeItem], excerpt_chars: int = 150) -> list[
     """Prompts -> one batched policy call -> verdicts (standalone use, e.g. evaluation)."""
     if not items:
         return []
-    gens = policy.generate(judge_prompts(items, excerpt_chars), "judge",
-                           keys=[it.key for it in items])
+    gens = policy.generate(judge_prompts(items, excerpt_chars), "judge", keys=[it.key for it in items])
     return verdicts(items, gens)
 
 
@@ -72,8 +71,9 @@ def state_changed(info: dict, obs: str) -> bool:
     return str(obs).strip() != NO_CHANGE_TEXT
 
 
-def step_labels(step_mask: np.ndarray, milestone: np.ndarray, invalid: np.ndarray,
-                action_id: np.ndarray, changed: np.ndarray) -> np.ndarray:
+def step_labels(
+    step_mask: np.ndarray, milestone: np.ndarray, invalid: np.ndarray, action_id: np.ndarray, changed: np.ndarray
+) -> np.ndarray:
     """[E, H] int32: +1 a milestone step (never bad), -1 an invalid step or a repeat of an action
     already taken earlier in the trajectory that changed nothing, 0 unknown (and padding)."""
     E, H = step_mask.shape
@@ -97,7 +97,6 @@ def majority(sets: np.ndarray, ok: np.ndarray) -> np.ndarray:
     judgment's set is empty); the host twin of strata_jax.advantages.judge.majority_sets."""
     votes = (sets & ok[..., None]).sum(axis=1)
     return 2 * votes > sets.shape[1]
-
 
 
 _judge_quality = jax.jit(judge_quality)

@@ -8,8 +8,8 @@ would stop a rollout. Tags are matched case-insensitively.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 # Reasons an action output is invalid (used as stats keys: "invalid/<reason>").
 MISSING_TAG = "missing_tag"
@@ -27,8 +27,7 @@ _WS = re.compile(r"\s+")
 
 def _tag_re(tag: str) -> tuple[re.Pattern, re.Pattern]:
     # Non-greedy span, DOTALL so content may span lines; the open-tag regex counts occurrences.
-    return (re.compile(rf"<{tag}>(.*?)</{tag}>", re.IGNORECASE | re.DOTALL),
-            re.compile(rf"<{tag}>", re.IGNORECASE))
+    return (re.compile(rf"<{tag}>(.*?)</{tag}>", re.IGNORECASE | re.DOTALL), re.compile(rf"<{tag}>", re.IGNORECASE))
 
 
 _ACTION, _ACTION_OPEN = _tag_re("action")
@@ -63,8 +62,9 @@ def _single_tag(text: str, full: re.Pattern, open_: re.Pattern) -> tuple[str | N
     return m.group(1), None
 
 
-def parse_action(text: str, admissible: Sequence[str] | None,
-                 max_chars: int = MAX_ACTION_CHARS, by_index: bool = False) -> ParsedAction:
+def parse_action(
+    text: str, admissible: Sequence[str] | None, max_chars: int = MAX_ACTION_CHARS, by_index: bool = False
+) -> ParsedAction:
     """The single `<action>` of `text`, normalised and checked against `admissible`.
 
     `by_index` (`env.action_format="index"`): the content must be the 1-based number of a command
@@ -101,7 +101,7 @@ def parse_action(text: str, admissible: Sequence[str] | None,
         if normalize_action(cmd) == action:
             return ParsedAction(cmd, True, None)
         m = _TEMPLATE.match(cmd)
-        if m and action.startswith(m[1].lower() + "[") and action.endswith("]") and action[len(m[1]) + 1:-1].strip():
+        if m and action.startswith(m[1].lower() + "[") and action.endswith("]") and action[len(m[1]) + 1 : -1].strip():
             return ParsedAction(action, True, None)
     return ParsedAction("", False, INADMISSIBLE)
 

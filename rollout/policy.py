@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,20 +40,17 @@ class Generation:
     embedding: np.ndarray | None  # [D] f32
     finish_reason: str  # one of FINISH_REASONS
 
-    def check(self) -> "Generation":
+    def check(self) -> Generation:
         """Raise ValueError when the arrays disagree (a sampler bug must not misalign the loss)."""
         if len(self.logprobs) != len(self.response_ids):
-            raise ValueError(f"Generation: {len(self.logprobs)} logprobs for "
-                             f"{len(self.response_ids)} response tokens")
+            raise ValueError(f"Generation: {len(self.logprobs)} logprobs for {len(self.response_ids)} response tokens")
         if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"Generation.finish_reason={self.finish_reason!r}; "
-                             f"expected one of {FINISH_REASONS}")
+            raise ValueError(f"Generation.finish_reason={self.finish_reason!r}; expected one of {FINISH_REASONS}")
         return self
 
 
 class Policy(Protocol):
-    def generate(self, prompts: list[Messages], kind: str,
-                 keys: Sequence[Hashable] | None = None) -> list[Generation]:
+    def generate(self, prompts: list[Messages], kind: str, keys: Sequence[Hashable] | None = None) -> list[Generation]:
         """One Generation per prompt, in order."""
         ...
 
@@ -73,6 +71,7 @@ def check_kind(kind: str) -> None:
 
 # --- scripted policy (tests, benchmarks) ----------------------------------------------------------
 
+
 @dataclass
 class Reply:
     """A scripted answer with optional overrides of the fake statistics."""
@@ -85,8 +84,9 @@ class Reply:
 
 def fake_token_ids(text: str, vocab: int = 32000) -> np.ndarray:
     """Whitespace 'tokenizer': one id in [1, vocab) per word (crc32), 0 is reserved for padding."""
-    return np.fromiter((zlib.crc32(w.encode("utf-8", "surrogatepass")) % (vocab - 1) + 1
-                        for w in text.split()), dtype=np.int32)
+    return np.fromiter(
+        (zlib.crc32(w.encode("utf-8", "surrogatepass")) % (vocab - 1) + 1 for w in text.split()), dtype=np.int32
+    )
 
 
 def fake_logprob(ids: np.ndarray) -> np.ndarray:
@@ -99,8 +99,7 @@ def fake_logprob(ids: np.ndarray) -> np.ndarray:
 
 def fake_embedding(text: str, dim: int = 8) -> np.ndarray:
     """A deterministic unit vector per text (seeded by blake2b, not Python's salted hash)."""
-    seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "little")
+    seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
     v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
     return v / np.linalg.norm(v)
 
@@ -119,8 +118,7 @@ class ScriptedPolicy:
     text. `calls` records (kind, batch size) per generate call.
     """
 
-    def __init__(self, script: Callable[[Messages, str, Hashable], Any], vocab: int = 32000,
-                 embed_dim: int = 8):
+    def __init__(self, script: Callable[[Messages, str, Hashable], Any], vocab: int = 32000, embed_dim: int = 8):
         self.script = script
         self.vocab = vocab
         self.embed_dim = embed_dim
@@ -131,8 +129,7 @@ class ScriptedPolicy:
         """Fake ids back to their words, space-joined (ids this policy produced)."""
         return " ".join(self._words[int(i)] for i in ids)
 
-    def generate(self, prompts: list[Messages], kind: str,
-                 keys: Sequence[Hashable] | None = None) -> list[Generation]:
+    def generate(self, prompts: list[Messages], kind: str, keys: Sequence[Hashable] | None = None) -> list[Generation]:
         check_kind(kind)
         keys = list(range(len(prompts))) if keys is None else list(keys)
         if len(keys) != len(prompts):
@@ -153,6 +150,11 @@ class ScriptedPolicy:
             emb = np.asarray(reply.embedding, np.float32)
         else:  # like the sampler: embeddings only for strategies, where diversity needs them
             emb = fake_embedding(reply.text, self.embed_dim) if kind == "strategy" else None
-        return Generation(text=reply.text, prompt_ids=fake_token_ids(messages_text(messages), self.vocab),
-                          response_ids=response, logprobs=logp, embedding=emb,
-                          finish_reason=reply.finish_reason).check()
+        return Generation(
+            text=reply.text,
+            prompt_ids=fake_token_ids(messages_text(messages), self.vocab),
+            response_ids=response,
+            logprobs=logp,
+            embedding=emb,
+            finish_reason=reply.finish_reason,
+        ).check()

@@ -40,19 +40,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from tqdm.auto import tqdm
 
 from rollout import report
 from rollout.ablate import LOSS_ONLY, SWEEPABLE, grid_points, parse_grid
 from rollout.collect import collect
 from rollout.evaluate import run_evals, task_types_of
-from rollout.iteration import has_signal, metrics_row, token_advantages
+from rollout.iteration import metrics_row
+from rollout.progress import note, progress
 from rollout.run import Run
-from rollout.scoring import check_window, score_batch, trim_rows
-from rollout.setup import (advantage_params, eval_tasks, loss_dict, make_envs, num_tasks, rollout_config, train_tasks,
-                           trajectories_per_task)
-from strata_jax.advantages import compute_advantages
-from strata_jax.batch import TokenBatch
+from rollout.scoring import score_batch
+from rollout.setup import (
+    advantage_params,
+    eval_tasks,
+    loss_dict,
+    make_envs,
+    num_tasks,
+    rollout_config,
+    train_tasks,
+    trajectories_per_task,
+)
+from strata_jax.advantages import compute_advantages, token_advantages
+from strata_jax.batch import TokenBatch, check_window, has_signal, trim_rows
 from strata_jax.checkpoint import Checkpointer
 from strata_jax.diagnostics import compute_diagnostics
 from strata_jax.sharding import replicated
@@ -76,7 +84,8 @@ def parse_train_grid(specs: list[str], algo: str | None = None) -> dict[str, lis
             raise ValueError(
                 f"--grid {name!r} cannot be trained as one vmapped population: only traced advantage "
                 f"parameters can differ between copies ({list(SWEEPABLE + LOSS_ONLY)}); {name!r} changes the "
-                "program (algorithm, shapes or rollout), so run separate `launch.py train` jobs for it")
+                "program (algorithm, shapes or rollout), so run separate `launch.py train` jobs for it"
+            )
     return parse_grid(specs, SWEEPABLE + LOSS_ONLY, algo=algo)
 
 
@@ -134,15 +143,22 @@ def check_memory(state: TrainState, k: int, available: int, where: str) -> dict:
     frozen = getattr(state, "frozen", None)
     shared = p if frozen is None else 2 * tree_bytes(frozen)
     need = k * (p + o + p) + shared
-    arith = {"copies": k, "params_bytes": p, "opt_state_bytes": o, "shared_bytes": shared, "needed_bytes": need,
-             "available_bytes": available}
+    arith = {
+        "copies": k,
+        "params_bytes": p,
+        "opt_state_bytes": o,
+        "shared_bytes": shared,
+        "needed_bytes": need,
+        "available_bytes": available,
+    }
     if need > available:
-        gib = 2.0 ** 30
+        gib = 2.0**30
         what = "reference params" if frozen is None else "frozen base + its merged decode copy"
         raise MemoryError(
             f"population of K={k} copies cannot fit in {where} ({available / gib:.1f} GiB): K x (params "
             f"{p / gib:.2f} + optimiser state {o / gib:.2f} + gradients {p / gib:.2f} GiB) + {what} "
-            f"{shared / gib:.2f} GiB = {need / gib:.1f} GiB before activations; use fewer grid points")
+            f"{shared / gib:.2f} GiB = {need / gib:.1f} GiB before activations; use fewer grid points"
+        )
     return arith
 
 
@@ -209,11 +225,15 @@ class Population:
 
     def __init__(self, config, workdir: pathlib.Path, specs: list[str]):
         if jax.process_count() > 1:
-            raise ValueError("ablate --train runs in one process (the copies' rollouts are a host loop); "
-                             f"got jax.process_count()={jax.process_count()}")
+            raise ValueError(
+                "ablate --train runs in one process (the copies' rollouts are a host loop); "
+                f"got jax.process_count()={jax.process_count()}"
+            )
         if float(config.train.ptx_coef) > 0 or not config.train.rl_update:
-            raise ValueError("ablate --train has no ptx steps (config.train.ptx_coef / rl_update): its vmapped "
-                             "update is the policy loss alone; run ptx as separate `launch.py` runs")
+            raise ValueError(
+                "ablate --train has no ptx steps (config.train.ptx_coef / rl_update): its vmapped "
+                "update is the policy loss alone; run ptx as separate `launch.py` runs"
+            )
         self.grid = parse_train_grid(specs, config.algo.name)
         self.workdir = pathlib.Path(workdir)
         self.config = config
@@ -224,11 +244,15 @@ class Population:
         self._check_grid_file()
         run = self.run = Run(config, self.workdir, for_training=False)
         if getattr(run, "shards", 1) != 1:
-            raise ValueError("ablate --train collects each copy's rollouts as one shard; "
-                             f"config.mesh.rollout_shards gives {run.shards}: set it to 1")
+            raise ValueError(
+                "ablate --train collects each copy's rollouts as one shard; "
+                f"config.mesh.rollout_shards gives {run.shards}: set it to 1"
+            )
         if run.start_iteration != 1:
-            raise ValueError(f"{self.workdir} holds a single run's checkpoints ({run.ckpt.directory}); a population "
-                             "starts from the run's starting model, so give it its own --workdir")
+            raise ValueError(
+                f"{self.workdir} holds a single run's checkpoints ({run.ckpt.directory}); a population "
+                "starts from the run's starting model, so give it its own --workdir"
+            )
         mesh = run.mesh
         self.memory = check_memory(run.state, self.k, *available_bytes(mesh))
         # With LoRA the copies stack their adapters only, over one frozen base (TrainState.frozen).
@@ -238,20 +262,28 @@ class Population:
         self.param_sh = single_sh.params
         self.state_sh = stacked_shardings(single_sh, mesh)
         k = self.k
-        self.state = jax.jit(lambda s: jax.tree.map(lambda x: jnp.broadcast_to(x[None], (k, *x.shape)), s),
-                             out_shardings=self.state_sh)(single)
+        self.state = jax.jit(
+            lambda s: jax.tree.map(lambda x: jnp.broadcast_to(x[None], (k, *x.shape)), s), out_shardings=self.state_sh
+        )(single)
         run.state = None  # the stacked copies replace it
-        self.ckpt = Checkpointer(self.workdir / "population_checkpoints", save_every=1,
-                                 keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save))
+        self.ckpt = Checkpointer(
+            self.workdir / "population_checkpoints",
+            save_every=1,
+            keep=int(config.checkpoint.keep),
+            async_save=bool(config.checkpoint.async_save),
+        )
         self.start_iteration = 1
-        abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                                self.state, self.state_sh)
+        abstract = jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), self.state, self.state_sh
+        )
         restored = self.ckpt.restore_latest(abstract)
         if restored is not None:
             self.state, extra = restored
             if extra.get("labels") != self.labels:
-                raise ValueError(f"population checkpoint in {self.ckpt.directory} is of the grid "
-                                 f"{extra.get('labels')}, not {self.labels}")
+                raise ValueError(
+                    f"population checkpoint in {self.ckpt.directory} is of the grid "
+                    f"{extra.get('labels')}, not {self.labels}"
+                )
             self.start_iteration = int(extra["iteration"]) + 1
         # lam_strategy weights the strategy rows in the loss too: each copy passes its own.
         self.lam = np.asarray([float(c.algo.lam_strategy) for c in self.configs], np.float32)  # [K]
@@ -264,8 +296,10 @@ class Population:
         if path.exists():
             old = json.loads(path.read_text())
             if old.get("labels") != self.labels:
-                raise ValueError(f"{path} records the grid {old.get('labels')}; this run asks for {self.labels}: "
-                                 "use another --workdir")
+                raise ValueError(
+                    f"{path} records the grid {old.get('labels')}; this run asks for {self.labels}: "
+                    "use another --workdir"
+                )
         self.workdir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(info, indent=1))
 
@@ -280,14 +314,23 @@ class Population:
         `train.prefix_tree` as trees). Same update up to float rounding either way."""
         c, run = self.config, self.run
         t = c.train
-        step_fn = train_step_fn(run.graphdef, run.optimizer, loss_config(loss_dict(t)), run.mesh,
-                                micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
-                                logprob_window=run.window)
+        step_fn = train_step_fn(
+            run.graphdef,
+            run.optimizer,
+            loss_config(loss_dict(t)),
+            run.mesh,
+            micro_batches=int(t.micro_batches),
+            logprob_chunk=int(t.logprob_chunk),
+            logprob_window=run.window,
+        )
         repl = replicated(run.mesh)
         batch_sh = NamedSharding(run.mesh, PartitionSpec(None, ("data", "fsdp")))  # [K, S, ...]: rows split
-        step = jax.jit(jax.vmap(copy_step(step_fn), in_axes=(0, 0, 0, 0, None)),
-                       in_shardings=(self.state_sh, batch_sh, repl, repl, self.frozen_sh),
-                       out_shardings=(self.state_sh, repl), donate_argnums=(0,))
+        step = jax.jit(
+            jax.vmap(copy_step(step_fn), in_axes=(0, 0, 0, 0, None)),
+            in_shardings=(self.state_sh, batch_sh, repl, repl, self.frozen_sh),
+            out_shardings=(self.state_sh, repl),
+            donate_argnums=(0,),
+        )
         return lambda state, batch, lam, active: step(state, batch, lam, active, self.frozen)
 
     def copy_params(self, k: int):
@@ -296,8 +339,9 @@ class Population:
 
     def copy_state(self, k: int) -> TrainState:
         """Copy k as a train state for scoring and sampling (no optimiser state), the base shared."""
-        return TrainState(params=self.copy_params(k), opt_state=None, step=None, rng=None, skipped=None,
-                          frozen=self.frozen)
+        return TrainState(
+            params=self.copy_params(k), opt_state=None, step=None, rng=None, skipped=None, frozen=self.frozen
+        )
 
     def view(self, k: int) -> Run:
         """Copy k as a Run for evaluate.evaluate: the shared model, policy and mesh (a shallow copy),
@@ -316,7 +360,8 @@ class Population:
         run.state = self.copy_state(k)  # copy k's params (the scoring's reference reads them too)
         run.sync_policy()  # the sampler's params: copy k's (with LoRA, merged into the base)
         run.policy.reseed(int(cfg.seed), iteration)
-        Run.set_temperature(run, cfg.sampling.temperature, cfg.sampling.strategy_temperature)  # sampling settings are the same for every copy
+        # the sampling settings are the same for every copy
+        Run.set_temperature(run, cfg.sampling.temperature, cfg.sampling.strategy_temperature)
         tok0, s0 = run.policy.tokens_generated, run.policy.sample_seconds
         res = collect(envs, run.policy, train_tasks(cfg, iteration, n_train), rollout_config(cfg))
         times = {"rollout": time.perf_counter() - t0}
@@ -342,9 +387,16 @@ class Population:
         t2 = time.perf_counter()
         trajs = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *[o[0].traj for o in outs])
         adv, diag = self._adv(trajs, self.adv_params)  # [K, ...]
-        tbs = [token_advantages(outs[k][0].traj, jax.tree.map(lambda x, k=k: x[k], adv), outs[k][1],
-                                jax.tree.map(lambda x, k=k: x[k], self.adv_params),
-                                str(self.config.train.step_weighting)) for k in k_all]
+        tbs = [
+            token_advantages(
+                outs[k][0].traj,
+                jax.tree.map(lambda x, k=k: x[k], adv),
+                outs[k][1],
+                jax.tree.map(lambda x, k=k: x[k], self.adv_params),
+                str(self.config.train.step_weighting),
+            )
+            for k in k_all
+        ]
         diag = jax.device_get(diag)
         adv_s = time.perf_counter() - t2
 
@@ -359,8 +411,17 @@ class Population:
         for k in k_all:
             res, tb, times, sample_tok_s = outs[k]
             row = {"iteration": iteration, "copy": k, **{f"grid/{n}": v for n, v in self.points[k].items()}}
-            row.update(metrics_row(res, slice_copy(diag, k), sums[k], n_steps[k], no_signal[k], float(skipped[k]),
-                                   judgment=bool(self.config.algo.judgment)))
+            row.update(
+                metrics_row(
+                    res,
+                    slice_copy(diag, k),
+                    sums[k],
+                    n_steps[k],
+                    no_signal[k],
+                    float(skipped[k]),
+                    judgment=bool(self.config.algo.judgment),
+                )
+            )
             row["time/sample_tok_s"] = sample_tok_s
             row["time/rollout_s"], row["time/score_s"] = times["rollout"], times["score"]
             # shared by all copies: one vmapped call each
@@ -394,8 +455,9 @@ class Population:
             active = np.asarray([j < len(m) for m in mbs]) & ~silent
             for k in np.flatnonzero(silent):
                 no_signal[k] += 1
-            batch = stack_batches([pad_width(m[j], width, run.pad_id) if j < len(m)
-                                   else idle_batch(m[0], width, run.pad_id) for m in mbs])
+            batch = stack_batches(
+                [pad_width(m[j], width, run.pad_id) if j < len(m) else idle_batch(m[0], width, run.pad_id) for m in mbs]
+            )
             self.state, metrics = self._step(self.state, batch, self.lam, active)
             metrics = jax.device_get(metrics)
             for k in np.flatnonzero(active):
@@ -424,7 +486,7 @@ def train_population(config, workdir, specs: list[str]) -> list[dict]:
     pop = Population(config, workdir, specs)
     c = config
     logs = []
-    for k, label in enumerate(pop.labels):
+    for label in pop.labels:
         log = report.MetricsLog(workdir / "copies" / label)
         log.truncate_after(pop.start_iteration - 1 if pop.start_iteration > 1 else -1)
         logs.append(log)
@@ -432,16 +494,21 @@ def train_population(config, workdir, specs: list[str]) -> list[dict]:
     n_eval = num_tasks(c, c.env.eval_split)
     per_iter = c.algo.tasks_per_iter * trajectories_per_task(c)
     envs = make_envs(c, per_iter, c.env.split)
-    eval_envs = make_envs(c, min(int(c.eval.num_tasks), n_eval or int(c.eval.num_tasks)), c.env.eval_split) \
-        if c.eval.every else None
+    eval_envs = (
+        make_envs(c, min(int(c.eval.num_tasks), n_eval or int(c.eval.num_tasks)), c.env.eval_split)
+        if c.eval.every
+        else None
+    )
     etasks = eval_tasks(c, n_eval)
     types = task_types_of(c, etasks, c.env.eval_split) if c.eval.every else {}
     title = f"{c.algo.name} on {c.env.name}: population of {pop.k} ({workdir.name})"
-    gb = 2.0 ** 30
-    if c.log.progress:
-        m = pop.memory
-        tqdm.write(f"population: {pop.k} copies ({'; '.join(pop.labels)}); state {pop.k} x "
-                   f"{(m['params_bytes'] + m['opt_state_bytes']) / gb:.3f} GiB")
+    gb = 2.0**30
+    m = pop.memory
+    note(
+        f"population: {pop.k} copies ({'; '.join(pop.labels)}); state {pop.k} x "
+        f"{(m['params_bytes'] + m['opt_state_bytes']) / gb:.3f} GiB",
+        enabled=c.log.progress,
+    )
     if pop.start_iteration == 1 and c.eval.every:
         # Every copy starts from the same model: one evaluation serves all (a separate run makes
         # the same one, with the same sampler keys).
@@ -451,10 +518,15 @@ def train_population(config, workdir, specs: list[str]) -> list[dict]:
         for k, log in enumerate(logs):
             log.append({"iteration": 0, "copy": k, **{f"grid/{n}": v for n, v in pop.points[k].items()}, **row})
     last: list[dict] = []
-    bar = tqdm(range(pop.start_iteration, int(c.iterations) + 1), desc=f"population K={pop.k}",
-               initial=pop.start_iteration - 1, total=int(c.iterations), disable=not c.log.progress,
-               dynamic_ncols=True)
-    status = (lambda s: bar.set_postfix_str(s, refresh=True)) if c.log.progress else None
+    bar = progress(
+        iterable=range(pop.start_iteration, int(c.iterations) + 1),
+        desc=f"population K={pop.k}",
+        initial=pop.start_iteration - 1,
+        total=int(c.iterations),
+        enabled=c.log.progress,
+        unit="iter",
+    )
+    status = bar.status if c.log.progress else None  # the phase: a copy's rollout, the update, the evaluation
     for it in bar:
         rows, results = pop.iteration(envs, it, n_train, status)
         if c.eval.every and (it % int(c.eval.every) == 0 or it == int(c.iterations)):
@@ -469,8 +541,9 @@ def train_population(config, workdir, specs: list[str]) -> list[dict]:
         if c.checkpoint.every and (it % int(c.checkpoint.every) == 0 or it == int(c.iterations)):
             pop.ckpt.save(it, pop.state, extra={"iteration": it, "labels": pop.labels}, force=True)
         if c.log.plots_every and it % int(c.log.plots_every) == 0:
-            report.plot_population([log.history for log in logs], pop.labels, workdir / "population_curves.png",
-                                   CURVES, title)
+            report.plot_population(
+                [log.history for log in logs], pop.labels, workdir / "population_curves.png", CURVES, title
+            )
         bar.set_postfix_str(" ".join(f"[{k}] s={r['train/success']:.2f}" for k, r in enumerate(rows)))
         last = rows
     pop.ckpt.wait()

@@ -19,7 +19,7 @@ GiGPO, BEACON) cannot know where to go: every medium and long task was unsolvabl
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 Messages = list[dict[str, str]]
 
@@ -28,7 +28,6 @@ HISTORY_OBS_CHARS = 300  # recent steps are context, not the state: keep them sh
 OBS_CHARS = 4000  # bound on the current observation (ALFWorld's are well under this)
 STRATEGY_WORDS = 60  # the plan length the strategy prompt asks for
 INTRO = "You are an agent in a text-based household environment."
-
 
 
 def _user(text: str) -> Messages:
@@ -52,8 +51,7 @@ def _shown_action(action: str) -> str:
     return action if action else "(no valid action)"
 
 
-def strategy_prompt(task: str, observation: str, max_words: int = STRATEGY_WORDS,
-                    intro: str = INTRO) -> Messages:
+def strategy_prompt(task: str, observation: str, max_words: int = STRATEGY_WORDS, intro: str = INTRO) -> Messages:
     """Ask for a short global plan for the episode, inside <strategy>...</strategy>."""
     return _user(
         f"{intro}\n"
@@ -75,10 +73,18 @@ def first_observation_memory(observation: str) -> str:
     return _clip(text, FIRST_OBS_CHARS)
 
 
-def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
-                history: Sequence[tuple[str, str]] = (), strategy: str | None = None,
-                step: int = 0, history_length: int = 2, intro: str = INTRO,
-                first_observation: str | None = None, numbered: bool = False) -> Messages:
+def step_prompt(
+    task: str,
+    observation: str,
+    admissible: Sequence[str] | None,
+    history: Sequence[tuple[str, str]] = (),
+    strategy: str | None = None,
+    step: int = 0,
+    history_length: int = 2,
+    intro: str = INTRO,
+    first_observation: str | None = None,
+    numbered: bool = False,
+) -> Messages:
     """The prompt for step `step` (0-based): task, strategy, start memory, recent steps,
     observation, actions.
 
@@ -100,21 +106,26 @@ def step_prompt(task: str, observation: str, admissible: Sequence[str] | None,
         first = step - len(recent)
         lines.append(f"Your last {len(recent)} step(s):")
         for i, (obs, act) in enumerate(recent):
-            lines.append(f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} "
-                         f"Action: {_shown_action(act)}")
+            lines.append(
+                f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} Action: {_shown_action(act)}"
+            )
     lines.append(f"Current observation (step {step + 1}): {_cut(observation, OBS_CHARS)}")
     about = "the current situation and your strategy" if strategy else "the current situation"
     if numbered:
         if admissible is None:
             raise ValueError("step_prompt(numbered=True) needs the admissible commands")
         lines.append("Admissible actions: " + " ".join(numbered_list(admissible)))
-        lines.append(f"First reason about {about} inside <think>...</think>, "
-                     "then give the number of exactly one admissible action inside <action>...</action>.")
+        lines.append(
+            f"First reason about {about} inside <think>...</think>, "
+            "then give the number of exactly one admissible action inside <action>...</action>."
+        )
         return _user("\n".join(lines))
     if admissible is not None:
         lines.append("Admissible actions: " + ", ".join(f"'{a}'" for a in admissible))
-    lines.append(f"First reason about {about} inside <think>...</think>, "
-                 "then give exactly one admissible action inside <action>...</action>.")
+    lines.append(
+        f"First reason about {about} inside <think>...</think>, "
+        "then give exactly one admissible action inside <action>...</action>."
+    )
     return _user("\n".join(lines))
 
 
@@ -130,44 +141,56 @@ def numbered_commands(prompt_text: str) -> dict[str, int]:
     """{command: number} of the numbered admissible list in a step prompt's text (the expert
     demonstrator answers by number from the prompt it is shown, as the model must)."""
     line = next((ln for ln in prompt_text.splitlines() if ln.startswith("Admissible actions: [")), "")
-    return {m[2].strip(): int(m[1]) for m in _NUMBERED.finditer(line[len("Admissible actions: "):])}
+    return {m[2].strip(): int(m[1]) for m in _NUMBERED.finditer(line[len("Admissible actions: ") :])}
 
 
-def judge_prompt(task: str, strategy: str | None, steps: Sequence[tuple[str, str]],
-                 excerpt_chars: int = 150) -> Messages:
+def judge_prompt(
+    task: str, strategy: str | None, steps: Sequence[tuple[str, str]], excerpt_chars: int = 150
+) -> Messages:
     """Self-judgment (ALGORITHMS 3.4): list the steps that neither follow z nor advance the task."""
     lines = [f"An agent worked on this task: {task}"]
-    lines.append(f"It followed this strategy: {strategy}" if strategy
-                 else "It had no explicit strategy.")
+    lines.append(f"It followed this strategy: {strategy}" if strategy else "It had no explicit strategy.")
     lines.append("Its steps (observation before the step, then the action taken):")
     for i, (obs, act) in enumerate(steps):
-        lines.append(f"{i + 1}. Observation: {_clip(obs, excerpt_chars)} | "
-                     f"Action: {_shown_action(act)}")
+        lines.append(f"{i + 1}. Observation: {_clip(obs, excerpt_chars)} | Action: {_shown_action(act)}")
     lines.append(
         "Which steps neither follow the strategy nor advance the task? "
         "List their numbers inside <bad_steps>...</bad_steps>, for example "
-        "<bad_steps>2, 5</bad_steps>, or <bad_steps>none</bad_steps> if every step was useful.")
+        "<bad_steps>2, 5</bad_steps>, or <bad_steps>none</bad_steps> if every step was useful."
+    )
     return _user("\n".join(lines))
 
 
-def revision_prompt(task: str, observation: str, strategy: str | None,
-                    history: Sequence[tuple[str, str]], step: int, recent: int,
-                    max_words: int = STRATEGY_WORDS, intro: str = INTRO) -> Messages:
-    """Strategy revision (issue #15, docs/CONTRACTS.md): before step `step` (0-based), the agent
+def revision_prompt(
+    task: str,
+    observation: str,
+    strategy: str | None,
+    history: Sequence[tuple[str, str]],
+    step: int,
+    recent: int,
+    max_words: int = STRATEGY_WORDS,
+    intro: str = INTRO,
+) -> Messages:
+    """Strategy revision (docs/CONTRACTS.md): before step `step` (0-based), the agent
     may rewrite its strategy from the strategy in force, its last `recent` steps and the current
     observation. Same answer format as the strategy prompt, so a revision is a strategy sample."""
-    lines = [intro, f"Your task is to: {task}",
-             f"Your strategy so far: {strategy}" if strategy else "You had no explicit strategy."]
+    lines = [
+        intro,
+        f"Your task is to: {task}",
+        f"Your strategy so far: {strategy}" if strategy else "You had no explicit strategy.",
+    ]
     shown = list(history)[-recent:] if recent > 0 else []
     lines.append(f"You have taken {step} step(s). Your last {len(shown)} step(s):")
     first = step - len(shown)
     for i, (obs, act) in enumerate(shown):
-        lines.append(f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} "
-                     f"Action: {_shown_action(act)}")
+        lines.append(
+            f"[Step {first + i + 1}] Observation: {_clip(obs, HISTORY_OBS_CHARS)} Action: {_shown_action(act)}"
+        )
     lines.append(f"Current observation (step {step + 1}): {_cut(observation, OBS_CHARS)}")
     lines.append(
         "\nRevise your strategy for the rest of the episode given this progress: keep what still "
         "holds and change what does not. "
         f"Use at most {max_words} words and no actions list.\n"
-        "Answer with the strategy inside <strategy>...</strategy>.")
+        "Answer with the strategy inside <strategy>...</strategy>."
+    )
     return _user("\n".join(lines))

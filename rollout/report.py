@@ -25,9 +25,19 @@ if TYPE_CHECKING:
 
 # Curves drawn on the learning-curve figure, in this order, when present.
 CURVE_KEYS = (
-    "train/success", "train/episode_return", "train/esu",
-    "train/car", "train/ccr", "train/invalid_rate", "train/episode_len", "update/loss",
-    "update/kl", "update/clip_frac", "update/entropy", "update/grad_norm", "time/iteration_s",
+    "train/success",
+    "train/episode_return",
+    "train/esu",
+    "train/car",
+    "train/ccr",
+    "train/invalid_rate",
+    "train/episode_len",
+    "update/loss",
+    "update/kl",
+    "update/clip_frac",
+    "update/entropy",
+    "update/grad_norm",
+    "time/iteration_s",
     "time/sample_tok_s",
 )
 BUCKETS = ("short", "medium", "long")
@@ -68,8 +78,9 @@ class MetricsLog:
                 f.write(json.dumps(r) + "\n")
 
     def append(self, row: dict) -> None:
-        row = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)
-               for k, v in row.items()}
+        row = {
+            k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v) for k, v in row.items()
+        }
         self.history.append(row)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -106,7 +117,7 @@ def _eval_panel(ax, history: list[dict]) -> None:
             continue
         # the gain goes in the legend: written at the last point, two lines that end together
         # (sampled and greedy often do) printed their gains over each other
-        line, = ax.plot(xs, ys, marker="o", ms=4, lw=2, label=f"{label}: {ys[-1] - ys[0]:+.2f} over the start")
+        (line,) = ax.plot(xs, ys, marker="o", ms=4, lw=2, label=f"{label}: {ys[-1] - ys[0]:+.2f} over the start")
         ax.axhline(ys[0], color=line.get_color(), ls="--", lw=1, alpha=0.7)
     ax.set_title("held-out success (dashed: start)", fontsize=10, fontweight="bold")
     ax.set_xlabel("iteration", fontsize=8)
@@ -134,7 +145,7 @@ def plot_learning_curves(history: list[dict], path: str | os.PathLike, title: st
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("iteration", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in panels[len(keys):]:
+    for ax in panels[len(keys) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title)
@@ -171,8 +182,9 @@ def plot_success_by_horizon(history: list[dict], path: str | os.PathLike, prefix
     return True
 
 
-def plot_population(histories: list[list[dict]], labels: list[str], path: str | os.PathLike,
-                    keys: tuple[str, ...], title: str = "") -> bool:
+def plot_population(
+    histories: list[list[dict]], labels: list[str], path: str | os.PathLike, keys: tuple[str, ...], title: str = ""
+) -> bool:
     """Learning curves of a population run side by side: one panel per metric, one line per copy
     (labelled by its grid values). Returns False if nothing to draw."""
     keys = [k for k in keys if any(_series(h, k)[0] for h in histories)]
@@ -189,7 +201,7 @@ def plot_population(histories: list[list[dict]], labels: list[str], path: str | 
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("iteration", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), fontsize=8)
@@ -206,8 +218,8 @@ def save_batch(workdir: pathlib.Path, iteration: int, traj: TrajectoryBatch, tex
     actions, judgments) so a person can read what the numbers were computed from."""
     d = workdir / "batches"
     d.mkdir(exist_ok=True)
-    np.savez_compressed(d / f"iter_{iteration:05d}.npz",
-                        **{f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)})
+    np.savez_compressed(
+        d / f"iter_{iteration:05d}.npz", **{f.name: np.asarray(getattr(traj, f.name)) for f in dataclasses.fields(traj)}
+    )
     if texts is not None:
         (d / f"iter_{iteration:05d}.texts.json").write_text(json.dumps(texts, indent=1, default=str))
-

@@ -1,4 +1,4 @@
-"""Strategy revision inside the rollout loop (issue #15; objective in docs/CONTRACTS.md).
+"""Strategy revision inside the rollout loop (objective in docs/CONTRACTS.md).
 
 Before step (r+1)*K every running trajectory asks the policy, in ONE batched "strategy" call
 (keys (p, n, m, r)), for a revised strategy. A well-formed answer replaces the trajectory's
@@ -56,9 +56,19 @@ class Revisions:
 
 
 def revision_prompts(st, active: list[int], t: int, cfg, words: int) -> list:
-    return [prompts.revision_prompt(st.task_line[st.pnm(e)[0]], st.obs[e], st.rev.current[e], st.history[e],
-                                    step=t, recent=cfg.revise_every, max_words=words, intro=cfg.intro)
-            for e in active]
+    return [
+        prompts.revision_prompt(
+            st.task_line[st.pnm(e)[0]],
+            st.obs[e],
+            st.rev.current[e],
+            st.history[e],
+            step=t,
+            recent=cfg.revise_every,
+            max_words=words,
+            intro=cfg.intro,
+        )
+        for e in active
+    ]
 
 
 def apply_revisions(rev: Revisions, active: list[int], r: int, t: int, gens: list, budget: int | None) -> None:
@@ -67,8 +77,9 @@ def apply_revisions(rev: Revisions, active: list[int], r: int, t: int, gens: lis
         z, malformed = parse_strategy(g.text, budget)
         rev.mask[e, r], rev.malformed[e, r] = True, malformed
         rev.gens[(e, r)] = g
-        rev.log[e].append({"step": t, "text": g.text, "strategy": z, "malformed": bool(malformed),
-                           "before": rev.current[e]})
+        rev.log[e].append(
+            {"step": t, "text": g.text, "strategy": z, "malformed": bool(malformed), "before": rev.current[e]}
+        )
         if not malformed:
             rev.current[e] = z
             rev.slot[e] = r + 1

@@ -24,8 +24,15 @@ from strata_jax.cost import Work
 from strata_jax.memory import DoesNotFitError
 from strata_jax.models.hf import load_hf_model, load_tokenizer
 from strata_jax.models.qwen2 import Decoder
-from strata_jax.train import (abstract_train_state, init_train_state, loss_config, make_optimizer,
-                              make_train_step, optimizer_config, uses_reference)
+from strata_jax.train import (
+    abstract_train_state,
+    init_train_state,
+    loss_config,
+    make_optimizer,
+    make_train_step,
+    optimizer_config,
+    uses_reference,
+)
 
 
 class Run:
@@ -51,19 +58,34 @@ class Run:
         # it on, also changes the layout of the checkpoints it restores.
         try:
             settings, self.memory = fitted_settings(
-                config, self.model_path, "the update", int(t.mini_batch_rows) // int(t.micro_batches),
-                max(t.length_buckets), window=logprob_window(config), reference=uses_reference(t),
-                devices=self.mesh.size)
+                config,
+                self.model_path,
+                "the update",
+                int(t.mini_batch_rows) // int(t.micro_batches),
+                max(t.length_buckets),
+                window=logprob_window(config),
+                reference=uses_reference(t),
+                devices=self.mesh.size,
+            )
         except DoesNotFitError:
             if for_training:
                 raise
             settings, self.memory = model_settings(config), None  # no update will run: nothing was saved by one
         if for_training:  # the scoring: a forward over mini_batch_rows rows per device, no remat to help it
-            fitted_settings(config, self.model_path, "the scoring", int(t.mini_batch_rows), max(t.length_buckets),
-                            train=False, window=logprob_window(config), reference=uses_reference(t),
-                            devices=self.mesh.size)
-        (graphdef, params), self.mcfg = load_hf_model(self.model_path, mesh=self.mesh, split=True,
-                                                      lora_seed=int(config.seed), **settings)
+            fitted_settings(
+                config,
+                self.model_path,
+                "the scoring",
+                int(t.mini_batch_rows),
+                max(t.length_buckets),
+                train=False,
+                window=logprob_window(config),
+                reference=uses_reference(t),
+                devices=self.mesh.size,
+            )
+        (graphdef, params), self.mcfg = load_hf_model(
+            self.model_path, mesh=self.mesh, split=True, lora_seed=int(config.seed), **settings
+        )
         self.graphdef = graphdef
         # With LoRA the train state holds the adapters and the frozen base apart (TrainState.frozen),
         # and the sampler decodes the decoder built without adapters, on merged weights.
@@ -84,12 +106,23 @@ class Run:
         # Without a KL term (train.kl_coef = 0) nothing reads it: no copy, no scoring pass. With
         # LoRA it is the frozen base with the adapters off (`reference_params`): no copy either.
         self.ref_params = jax.tree.map(jnp.copy, params) if uses_reference(t) and not self.lora else None
-        ocfg = optimizer_config({"lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
-                                 "schedule": t.schedule, "warmup_steps": t.warmup_steps})
+        ocfg = optimizer_config(
+            {
+                "lr": t.lr,
+                "weight_decay": t.weight_decay,
+                "grad_clip": t.grad_clip,
+                "schedule": t.schedule,
+                "warmup_steps": t.warmup_steps,
+            }
+        )
         self.optimizer = make_optimizer(ocfg, total_steps=None)
         self.state = init_train_state(graphdef, params, self.optimizer, int(config.seed), self.mesh, frozen=frozen)
-        self.ckpt = Checkpointer(self.workdir / "checkpoints", save_every=1, keep=int(config.checkpoint.keep),
-                                 async_save=bool(config.checkpoint.async_save))
+        self.ckpt = Checkpointer(
+            self.workdir / "checkpoints",
+            save_every=1,
+            keep=int(config.checkpoint.keep),
+            async_save=bool(config.checkpoint.async_save),
+        )
         self.start_iteration = 1
         restored = self.ckpt.restore_latest(abstract_train_state(self.state.params, self.optimizer, self.mesh))
         if restored is not None:
@@ -99,21 +132,39 @@ class Run:
         s = config.sampling
         budgets = {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens}
         self._synced = None
-        self.policy = JaxPolicy(self.decode_graphdef, self._policy_params(), self.tokenizer, budgets,
-                                prompt_buckets=s.prompt_buckets, batch_buckets=s.batch_buckets,
-                                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, mesh=self.local_mesh,
-                                cache_dtype=s.kv_dtype, shared_prefix=bool(s.shared_prefix),
-                                fuse_decode=bool(s.fuse_decode),
-                                prefix_cache_tokens=int(s.prefix_cache_tokens) if s.prefix_cache else 0,
-                                prefix_cache_bytes=int(s.prefix_cache_mb) << 20, seed=int(config.seed))
+        self.policy = JaxPolicy(
+            self.decode_graphdef,
+            self._policy_params(),
+            self.tokenizer,
+            budgets,
+            prompt_buckets=s.prompt_buckets,
+            batch_buckets=s.batch_buckets,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            mesh=self.local_mesh,
+            cache_dtype=s.kv_dtype,
+            shared_prefix=bool(s.shared_prefix),
+            fuse_decode=bool(s.fuse_decode),
+            prefix_cache_tokens=int(s.prefix_cache_tokens) if s.prefix_cache else 0,
+            prefix_cache_bytes=int(s.prefix_cache_mb) << 20,
+            seed=int(config.seed),
+        )
         self.window = logprob_window(config)
+        self.eval_outcomes: dict = {}  # the latest evaluation's per-task outcomes (rollout/evaluate.py)
         # The model work of the scoring and the update, counted from their padded shapes like the
         # samplers' (strata_jax/cost.py; bench/iteration.py models an iteration's time from them).
         self.work = {"score": Work(), "update": Work()}
         if for_training:
-            self.train_step = make_train_step(graphdef, self.optimizer, loss_config(loss_dict(t)), self.mesh,
-                                              micro_batches=int(t.micro_batches), logprob_chunk=int(t.logprob_chunk),
-                                              logprob_window=self.window)
+            self.train_step = make_train_step(
+                graphdef,
+                self.optimizer,
+                loss_config(loss_dict(t)),
+                self.mesh,
+                micro_batches=int(t.micro_batches),
+                logprob_chunk=int(t.logprob_chunk),
+                logprob_window=self.window,
+            )
         self.adv_params = advantage_params(config)
         self.ptx = self.ptx_step = None
         if for_training and float(t.ptx_coef) > 0:
@@ -121,8 +172,9 @@ class Run:
             from strata_jax.sft import make_ptx_step
 
             self.ptx = PtxDemos(config, self.tokenizer, self.pad_id)
-            self.ptx_step = make_ptx_step(graphdef, self.optimizer, self.mesh, chunk=int(t.logprob_chunk),
-                                          window=self.ptx.window)
+            self.ptx_step = make_ptx_step(
+                graphdef, self.optimizer, self.mesh, chunk=int(t.logprob_chunk), window=self.ptx.window
+            )
 
     def checkpoint_state(self):
         """What a checkpoint holds of the train state: everything but the frozen base (LoRA)."""
@@ -176,4 +228,5 @@ class Run:
         self.policy.kind_sampling = {}
         if strategy_temperature is not None and strategy_temperature >= 0:
             self.policy.kind_sampling["strategy"] = SamplingParams(
-                temperature=float(strategy_temperature), top_p=s.top_p, top_k=s.top_k)
+                temperature=float(strategy_temperature), top_p=s.top_p, top_k=s.top_k
+            )

@@ -2,24 +2,39 @@
 when they are re-scored), and the row shapes they share with the update: the log-prob window at the
 end of each row, trimming to a length bucket, shared prompt prefixes split off (`train.shared_prefix`,
 strata_jax/packing.py), and host rows placed on the mesh.
+
+The run is passed in; this module never imports rollout/run.py (which imports it): `ScoringRun`
+names what the scoring reads of a run. The pure row operations it shares with the update
+(trim_width / trim_rows, check_window, token_order) live in strata_jax/batch.py.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from strata_jax import cost, sharding
-from strata_jax.batch import TokenBatch, smallest_bucket
+from strata_jax.batch import TokenBatch, check_window, token_order, trim_width
 from strata_jax.packing import SharedBatch, length_buckets, pack_shared, pair_cost
 from strata_jax.train import sequence_logprobs, shared_batch_logprobs, tree_logprobs
 from strata_jax.tree import TreeBatch, TreeRows, plan_tree, plan_tree_rows
 
-if TYPE_CHECKING:
-    from rollout.run import Run
+
+class ScoringRun(Protocol):
+    """What the scoring reads of a run (rollout.run.Run; the tests pass stand-ins)."""
+
+    config: Any  # the ml_collections run config (train.* settings)
+    mesh: Any  # jax.sharding.Mesh with data / fsdp axes
+    graphdef: Any  # the model's nnx graphdef
+    plan_model: Any  # the ModelConfig the packing plans weigh (packing.pair_cost)
+    window: int  # logprob_window(config)
+    pad_id: int
+    work: dict  # {"score": cost.Work, ...}: model work counted from padded shapes
+
+    def reference_params(self) -> Any: ...
 
 
 def logprob_window(config) -> int:
@@ -28,28 +43,6 @@ def logprob_window(config) -> int:
     and the scoring run the vocabulary head on these columns only (see train.sequence_logprobs)."""
     s = config.sampling
     return int(max(s.max_action_tokens, s.max_strategy_tokens, s.max_judge_tokens if config.algo.judge_train else 0))
-
-
-def check_window(loss_mask: np.ndarray, window: int) -> None:
-    """A loss token before the window would silently get log-prob 0: refuse instead."""
-    if loss_mask.shape[1] > window and loss_mask[:, :-window].any():
-        raise ValueError(f"a trained response is longer than the log-prob window ({window} tokens = the "
-                         "largest sampling budget); rows must end with their response")
-
-
-def trim_width(mask: np.ndarray, buckets) -> int:
-    """The smallest length bucket holding every row of `mask` [S, L] (rows are left-padded, so the
-    last `width` columns carry all tokens). Cutting a mini-batch to it saves the padding compute."""
-    need = int(mask.sum(axis=1).max(initial=1))
-    b = smallest_bucket(need, buckets)
-    return mask.shape[1] if b is None else b
-
-
-def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:
-    """The [S, L] fields cut to the mini-batch's own length bucket (row_index / row_valid kept)."""
-    w = trim_width(np.asarray(tb.attention_mask), buckets)
-    return tb.replace(**{f: getattr(tb, f)[:, -w:] for f in
-                         ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage")})
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -67,16 +60,17 @@ def _score_shared(graphdef, chunk: int, window: int, params, sb: SharedBatch):
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _score_tree(graphdef, chunk: int, params, tb: TreeBatch):
     """`_score_window` of rows packed as prefix trees (strata_jax/tree.py): [S, W + 1]."""
-    return tree_logprobs(graphdef, params, tb.tokens, tb.positions, tb.end, tb.slots, tb.targets, tb.blocks,
-                         chunk, False)[0]
+    return tree_logprobs(
+        graphdef, params, tb.tokens, tb.positions, tb.end, tb.slots, tb.targets, tb.blocks, chunk, False
+    )[0]
 
 
-def data_parallel(run) -> int:
+def data_parallel(run: ScoringRun) -> int:
     """Devices the batch rows are split over (the mesh's data and fsdp axes)."""
     return int(run.mesh.shape["data"] * run.mesh.shape["fsdp"])
 
 
-def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
+def update_batch(run: ScoringRun, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
     """The update's input for a trimmed mini-batch: with `train.shared_prefix` its rows packed with
     their shared prompt prefixes (strata_jax/packing.py) when that saves at least a fifth of the
     tokens through the model, and with `train.prefix_tree_update` its rows as prefix trees
@@ -91,54 +85,64 @@ def update_batch(run, mb: TokenBatch) -> TokenBatch | SharedBatch | TreeRows:
     # Packed rows at most twice the mini-batch's width: the backward keeps dense attention's
     # [rows, heads, width, width] scores, so wider rows would trade tokens for memory.
     widths = tree_widths(run, mask, 2 * mask.shape[1])
-    tree, _ = plan_tree_rows(mb, widths, run.window, int(t.micro_batches), data_parallel(run),
-                             pair_cost(run.plan_model))
+    tree, _ = plan_tree_rows(
+        mb, widths, run.window, int(t.micro_batches), data_parallel(run), pair_cost(run.plan_model)
+    )
     return min((plan, tree), key=lambda x: model_cost(run, x))
 
 
-def model_cost(run, batch) -> float:
+def model_cost(run: ScoringRun, batch) -> float:
     """`cost.plan_cost` of running `batch` (plain, shared or as trees), for `run.plan_model`."""
     return cost.plan_cost(cost.batch_work(batch, 0), pair_cost(run.plan_model))
 
 
-def tree_widths(run, mask: np.ndarray, most: int) -> list[int]:
+def tree_widths(run: ScoringRun, mask: np.ndarray, most: int) -> list[int]:
     """The packed-row widths a prefix-tree plan may pick for rows `mask` [S, L]: the length
     buckets (`train.bucket_steps` per octave) from the longest row up to `most`, and no wider than
     the widest configured length bucket; the rows' own width L when none fits."""
     longest = int(mask.sum(axis=1).max(initial=1))
     top = max(longest, min(most, max(run.config.train.length_buckets)))
-    return [x for x in length_buckets(top, run.config.train.length_buckets, steps=int(run.config.train.bucket_steps))
-            if longest <= x <= top] or [mask.shape[1]]
+    return [
+        x
+        for x in length_buckets(top, run.config.train.length_buckets, steps=int(run.config.train.bucket_steps))
+        if longest <= x <= top
+    ] or [mask.shape[1]]
 
 
-def pack(run, tb: TokenBatch, micro_batches: int, buckets):
-    """`pack_shared` with the run's settings: data-parallel blocks, `train.pack_segments`,
-    `train.bucket_steps`, and attention's weight in the plan cost from `run.plan_model`."""
-    t = run.config.train
-    return pack_shared(tb, micro_batches, data_parallel(run), buckets, segments=bool(t.pack_segments),
-                       pair=pair_cost(run.plan_model), steps=int(t.bucket_steps))
+def pack(run: ScoringRun, tb: TokenBatch, micro_batches: int, buckets):
+    """`pack_shared` with the run's settings: data-parallel blocks, `train.bucket_steps`, and
+    attention's weight in the plan cost from `run.plan_model`."""
+    return pack_shared(
+        tb,
+        micro_batches,
+        data_parallel(run),
+        buckets,
+        pair=pair_cost(run.plan_model),
+        steps=int(run.config.train.bucket_steps),
+    )
 
 
-def score_batch(run: Run, tb: TokenBatch, params) -> TokenBatch:
+def score_batch(run: ScoringRun, tb: TokenBatch, params) -> TokenBatch:
     """The rollout's TokenBatch with ref_logp (the reference params'; 0 when the run keeps none,
     train.kl_coef = 0) and old_logp (`params'` re-scored with train.recompute_old_logp, else the
     sampler's own) filled in, 0 off the loss."""
     tokens_np, mask_np = np.asarray(tb.tokens), np.asarray(tb.attention_mask)
     loss_mask = np.asarray(tb.loss_mask)
     ref_params = run.reference_params()
-    ref = (np.zeros(loss_mask.shape, np.float32) if ref_params is None
-           else score_rows(run, ref_params, tokens_np, mask_np, loss_mask))
-    old = (score_rows(run, params, tokens_np, mask_np, loss_mask) if run.config.train.recompute_old_logp
-           else np.where(loss_mask, np.asarray(tb.old_logp), 0.0).astype(np.float32))
+    ref = (
+        np.zeros(loss_mask.shape, np.float32)
+        if ref_params is None
+        else score_rows(run, ref_params, tokens_np, mask_np, loss_mask)
+    )
+    old = (
+        score_rows(run, params, tokens_np, mask_np, loss_mask)
+        if run.config.train.recompute_old_logp
+        else np.where(loss_mask, np.asarray(tb.old_logp), 0.0).astype(np.float32)
+    )
     return tb.replace(ref_logp=ref, old_logp=old)
 
 
-def token_order(tokens: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """`rows` sorted by their real tokens: rows that share a prompt prefix become neighbours."""
-    return np.asarray(sorted(rows, key=lambda r: tokens[r][mask[r]].tolist()), np.int64)
-
-
-def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+def score_rows(run: ScoringRun, params, tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """Teacher-forced log-probs [S, L] (0 off the loss) of the rows that have loss tokens.
 
     Rows are scored in mini-batch-sized chunks, each cut to its own length bucket: attention costs
@@ -163,7 +167,7 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
     else:
         order = live[np.argsort(mask[live].sum(axis=1), kind="stable")]
     for i in range(0, len(order), rows):
-        idx = order[i:i + rows]
+        idx = order[i : i + rows]
         n = len(idx)
         tk, mk, lm = tokens[idx], mask[idx], loss_mask[idx]
         if n < rows:  # pad to one shape per bucket
@@ -192,7 +196,7 @@ def score_rows(run: Run, params, tokens: np.ndarray, mask: np.ndarray, loss_mask
     return np.where(loss_mask, out, 0.0).astype(np.float32)
 
 
-def _chunk_plan(run, tk, mk, lm, n):
+def _chunk_plan(run: ScoringRun, tk, mk, lm, n):
     """How a scoring chunk [rows, w] (its first n rows real) shares its prefixes: with
     `train.shared_prefix` the (SharedBatch, row order) of `pack` (one level of shared prefix), and
     with `train.prefix_tree` whichever of that, a TreeBatch (the rows as prefix trees,
@@ -200,8 +204,16 @@ def _chunk_plan(run, tk, mk, lm, n):
     weighed for `run.plan_model`, `pair_cost`); None: the plain rows."""
     rows, w = tk.shape
     zeros = np.zeros(tk.shape, np.float32)
-    tb = TokenBatch(tokens=tk, attention_mask=mk, loss_mask=lm, old_logp=zeros, ref_logp=zeros, advantage=zeros,
-                    row_index=np.zeros((rows, 4), np.int32), row_valid=np.arange(rows) < n)
+    tb = TokenBatch(
+        tokens=tk,
+        attention_mask=mk,
+        loss_mask=lm,
+        old_logp=zeros,
+        ref_logp=zeros,
+        advantage=zeros,
+        row_index=np.zeros((rows, 4), np.int32),
+        row_valid=np.arange(rows) < n,
+    )
     packed = pack(run, tb, 1, run.config.train.length_buckets) if run.config.train.shared_prefix else None
     if not run.config.train.prefix_tree:
         return packed
@@ -214,7 +226,7 @@ def _chunk_plan(run, tk, mk, lm, n):
     return min(costs, key=lambda c: c[0])[1]
 
 
-def to_mesh(run, tree):
+def to_mesh(run: ScoringRun, tree):
     """Several processes: the host rows (the same on every process) as global arrays split over
     the data axes, each process supplying its own devices' rows. One process: unchanged (host
     numpy goes to the jitted function as before)."""

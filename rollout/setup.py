@@ -34,12 +34,16 @@ def rollout_shards(config) -> int:
     shards = int(config.mesh.rollout_shards) or jax.process_count()
     p = int(config.algo.tasks_per_iter)
     if shards % jax.process_count():
-        raise ValueError(f"config.mesh.rollout_shards={shards} must be a multiple of the {jax.process_count()} "
-                         "processes: every process collects whole shards")
+        raise ValueError(
+            f"config.mesh.rollout_shards={shards} must be a multiple of the {jax.process_count()} "
+            "processes: every process collects whole shards"
+        )
     if p % shards:
-        raise ValueError(f"config.algo.tasks_per_iter={p} must divide by the {shards} rollout shards "
-                         f"({jax.process_count()} processes, config.mesh.rollout_shards="
-                         f"{int(config.mesh.rollout_shards)}): each shard collects P / shards tasks")
+        raise ValueError(
+            f"config.algo.tasks_per_iter={p} must divide by the {shards} rollout shards "
+            f"({jax.process_count()} processes, config.mesh.rollout_shards="
+            f"{int(config.mesh.rollout_shards)}): each shard collects P / shards tasks"
+        )
     return shards
 
 
@@ -47,14 +51,31 @@ def model_settings(config) -> dict:
     """load_hf_model's keyword arguments from config.model, for every load of the policy (the SFT
     warm start and the RL run), so that none of them drops a setting."""
     m = config.model
-    return dict(dtype=str(m.dtype), param_dtype=str(m.param_dtype), scan_layers=bool(m.scan_layers),
-                remat=bool(m.remat), attention=str(m.attention), lora_rank=int(m.lora_rank),
-                lora_alpha=float(m.lora_alpha), lora_targets=tuple(m.lora_targets))
+    return dict(
+        dtype=str(m.dtype),
+        param_dtype=str(m.param_dtype),
+        scan_layers=bool(m.scan_layers),
+        remat=bool(m.remat),
+        attention=str(m.attention),
+        lora_rank=int(m.lora_rank),
+        lora_alpha=float(m.lora_alpha),
+        lora_targets=tuple(m.lora_targets),
+    )
 
 
-def fitted_settings(config, hf_dir, what: str, rows: int, length: int, *, train: bool = True,
-                    window: int | None = None, reference: bool = False, devices: int = 1,
-                    settings: dict | None = None) -> tuple[dict, object]:
+def fitted_settings(
+    config,
+    hf_dir,
+    what: str,
+    rows: int,
+    length: int,
+    *,
+    train: bool = True,
+    window: int | None = None,
+    reference: bool = False,
+    devices: int = 1,
+    settings: dict | None = None,
+) -> tuple[dict, object]:
     """`settings` (default `model_settings(config)`), with remat over scanned layers turned on when
     the phase fits only so (strata_jax/memory.py), and the phase's memory estimate;
     DoesNotFitError (the arithmetic) when it cannot fit at all. Checked before the model is loaded
@@ -68,9 +89,20 @@ def fitted_settings(config, hf_dir, what: str, rows: int, length: int, *, train:
     available, where = memory.available_bytes()
     rows_here = max(1, -(-int(rows) // max(int(devices), 1)))
     remat_now = settings["remat"] and settings["scan_layers"]
-    remat, est = memory.plan(m, what, rows_here, int(length), train=train, remat=remat_now, available=available,
-                             where=where, window=window, chunk=int(config.train.logprob_chunk), reference=reference,
-                             devices=devices)
+    remat, est = memory.plan(
+        m,
+        what,
+        rows_here,
+        int(length),
+        train=train,
+        remat=remat_now,
+        available=available,
+        where=where,
+        window=window,
+        chunk=int(config.train.logprob_chunk),
+        reference=reference,
+        devices=devices,
+    )
     if remat and not remat_now:
         settings.update(remat=True, scan_layers=True)
         if config.log.progress:
@@ -85,8 +117,13 @@ def env_kwargs(config, split: str | None = None) -> dict:
 
         return expert_env_kwargs(config)
     if e.name == "alfworld":
-        return {"data_dir": str(e.data_dir), "split": split or e.split, "max_steps": int(e.max_steps),
-                "milestones": config.algo.milestones, "cache_dir": str(e.cache_dir) or None}
+        return {
+            "data_dir": str(e.data_dir),
+            "split": split or e.split,
+            "max_steps": int(e.max_steps),
+            "milestones": config.algo.milestones,
+            "cache_dir": str(e.cache_dir) or None,
+        }
     return {"max_steps": int(e.max_steps)}
 
 
@@ -173,21 +210,41 @@ def eval_tasks(config, n_eval: int | None) -> list[int]:
 
 
 def rollout_config(config, eval_mode: bool = False) -> RolloutConfig:
-    """The run's rollout settings. The per-step bar only with log.rollout_progress: it redraws on
-    every policy call and floods captured logs, while the iteration bar keeps the rate and ETA."""
+    """The run's rollout settings. The per-step bar only with log.rollout_progress (on a terminal
+    one redraw per step; in a log a line at most every 10 s), while the iteration bar keeps the rate
+    and ETA."""
     cfg = RolloutConfig.from_config(config, eval_mode=eval_mode)
     return dataclasses.replace(cfg, progress=bool(config.log.progress and config.log.rollout_progress))
 
 
 def advantage_params(config) -> AdvantageParams:
     a = config.algo
-    return AdvantageParams(delta=a.delta, kappa=a.kappa, gamma=a.gamma, beacon_gamma=a.beacon_gamma,
-                           lam_strategy=a.lam_strategy, lam_seg=a.lam_seg, omega=a.omega,
-                           invalid_penalty=a.invalid_penalty, r_succ=a.r_succ, r_ms=a.r_ms, c_len=a.c_len,
-                           c_fmt=a.c_fmt, strategy_budget=float(a.strategy_budget),
-                           stats_over_steps=bool(a.stats_over_steps), gigpo_norm=a.gigpo_norm, seg_norm=a.seg_norm)
+    return AdvantageParams(
+        delta=a.delta,
+        kappa=a.kappa,
+        gamma=a.gamma,
+        beacon_gamma=a.beacon_gamma,
+        lam_strategy=a.lam_strategy,
+        lam_seg=a.lam_seg,
+        omega=a.omega,
+        invalid_penalty=a.invalid_penalty,
+        r_succ=a.r_succ,
+        r_ms=a.r_ms,
+        c_len=a.c_len,
+        c_fmt=a.c_fmt,
+        strategy_budget=float(a.strategy_budget),
+        stats_over_steps=bool(a.stats_over_steps),
+        gigpo_norm=a.gigpo_norm,
+        seg_norm=a.seg_norm,
+    )
 
 
 def loss_dict(t) -> dict:
-    return {"eps_low": t.eps_low, "eps_high": t.eps_high, "dual_clip": t.dual_clip, "kl_coef": t.kl_coef,
-            "entropy_coef": t.entropy_coef, "aggregation": t.aggregation}
+    return {
+        "eps_low": t.eps_low,
+        "eps_high": t.eps_high,
+        "dual_clip": t.dual_clip,
+        "kl_coef": t.kl_coef,
+        "entropy_coef": t.entropy_coef,
+        "aggregation": t.aggregation,
+    }

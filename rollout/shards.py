@@ -15,7 +15,8 @@ length bucket; counters summed and rates recomputed over all trajectories.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,25 +33,30 @@ def shard_tasks(tasks: Sequence[int], shards: int) -> list[list[int]]:
     """P tasks -> `shards` contiguous lists of P / shards tasks (P must divide)."""
     tasks = [int(t) for t in tasks]
     if shards < 1 or len(tasks) % shards:
-        raise ValueError(f"{len(tasks)} tasks per iteration do not split into {shards} rollout shards "
-                         "(config.algo.tasks_per_iter must divide by the shard count)")
+        raise ValueError(
+            f"{len(tasks)} tasks per iteration do not split into {shards} rollout shards "
+            "(config.algo.tasks_per_iter must divide by the shard count)"
+        )
     k = len(tasks) // shards
-    return [tasks[i * k:(i + 1) * k] for i in range(shards)]
+    return [tasks[i * k : (i + 1) * k] for i in range(shards)]
 
 
 def process_shards(shards: int, process_index: int, process_count: int) -> range:
     """The shards process `process_index` collects: a contiguous block of shards / processes."""
     if shards % process_count:
-        raise ValueError(f"{shards} rollout shards do not split over {process_count} processes "
-                         "(config.mesh.rollout_shards must be a multiple of the process count)")
+        raise ValueError(
+            f"{shards} rollout shards do not split over {process_count} processes "
+            "(config.mesh.rollout_shards must be a multiple of the process count)"
+        )
     k = shards // process_count
     return range(process_index * k, (process_index + 1) * k)
 
 
 def to_host(res: RolloutResult) -> RolloutResult:
     """Numpy copies of the batch arrays (picklable without a device, for the process gather)."""
-    traj = TrajectoryBatch(**{f.name: np.asarray(getattr(res.traj, f.name))
-                              for f in dataclasses.fields(TrajectoryBatch)})
+    traj = TrajectoryBatch(
+        **{f.name: np.asarray(getattr(res.traj, f.name)) for f in dataclasses.fields(TrajectoryBatch)}
+    )
     tokens = TokenBatch(**{f.name: np.asarray(getattr(res.tokens, f.name)) for f in dataclasses.fields(TokenBatch)})
     return RolloutResult(traj=traj, tokens=tokens, stats=dict(res.stats), texts=res.texts)
 
@@ -62,8 +68,12 @@ def merge_results(parts: Sequence[RolloutResult], cfg: RolloutConfig) -> Rollout
     offsets = np.cumsum([0] + [int(np.shape(r.traj.step_mask)[0]) for r in parts])
     traj = _merge_traj([r.traj for r in parts])
     tokens = _merge_tokens([r.tokens for r in parts], offsets, cfg)
-    return RolloutResult(traj=traj, tokens=tokens, stats=_merge_stats([r.stats for r in parts], traj, tokens),
-                         texts=_merge_texts([r.texts for r in parts], offsets))
+    return RolloutResult(
+        traj=traj,
+        tokens=tokens,
+        stats=_merge_stats([r.stats for r in parts], traj, tokens),
+        texts=_merge_texts([r.texts for r in parts], offsets),
+    )
 
 
 def _merge_traj(parts: Sequence[TrajectoryBatch]) -> TrajectoryBatch:
@@ -114,7 +124,7 @@ def _merge_tokens(parts: Sequence[TokenBatch], offsets: np.ndarray, cfg: Rollout
     for name, x in rows.items():
         x = x[order]
         if x.ndim == 2 and name != "row_index":
-            x = x[:, width - length:]
+            x = x[:, width - length :]
         pad_shape = (num_rows - n,) + x.shape[1:]
         fill = cfg.pad_id if name == "tokens" else 0
         out[name] = np.concatenate([x, np.full(pad_shape, fill, x.dtype)], axis=0)

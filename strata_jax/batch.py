@@ -32,7 +32,7 @@ _TRAJ_FIELDS = {
     "strategy_malformed": ("PN", "b", jnp.bool_),
     "horizon": ("P", "iu", jnp.int32),
 }
-# Optional fields (issue #15, docs/CONTRACTS.md "Strategy revision and trained self-judgment"):
+# Optional fields (docs/CONTRACTS.md "Strategy revision and trained self-judgment"):
 # absent from `from_numpy`, they default to zeros / zero-size arrays (R = 0 revisions, J = 0
 # judgments), which is a batch without revisions or sampled judgments: every estimator gives the
 # numbers it gave before they existed. R comes from revision_mask, J from judge_valid.
@@ -46,8 +46,7 @@ _OPTIONAL_FIELDS = {
     "judge_ok": ("PNMJ", "b", jnp.bool_),
     "judge_sets": ("PNMJH", "b", jnp.bool_),
 }
-_OPTIONAL_GROUPS = (("revision_mask", "revision_len", "revision_malformed"),
-                    ("judge_valid", "judge_ok", "judge_sets"))
+_OPTIONAL_GROUPS = (("revision_mask", "revision_len", "revision_malformed"), ("judge_valid", "judge_ok", "judge_sets"))
 
 
 class BatchError(ValueError):
@@ -82,7 +81,7 @@ class TrajectoryBatch:
     strategy_len: jax.Array  # [P, N] i32
     strategy_malformed: jax.Array  # [P, N] bool
     horizon: jax.Array  # [P] i32
-    # Issue #15 (optional in from_numpy; see _OPTIONAL_FIELDS).
+    # Revision and judgment fields (optional in from_numpy; see _OPTIONAL_FIELDS).
     step_slot: jax.Array | None = None  # [P, N, M, H] i32
     step_label: jax.Array | None = None  # [P, N, M, H] i32 in {-1, 0, 1}
     revision_mask: jax.Array | None = None  # [P, N, M, R] bool
@@ -103,12 +102,13 @@ class TrajectoryBatch:
         return self.step_mask.any(axis=-1)
 
     @classmethod
-    def from_numpy(cls, **arrays) -> "TrajectoryBatch":
+    def from_numpy(cls, **arrays) -> TrajectoryBatch:
         """Validate host arrays (names, shapes, dtypes) and build the pytree.
 
         Every field of the DESIGN.md table is required; a missing, extra, mis-shaped or mis-typed
-        field raises BatchError naming it. The issue #15 fields are optional (zeros / R = 0 /
-        J = 0 when absent), but the fields of a group (revision_*, judge_*) come together.
+        field raises BatchError naming it. The revision and judgment fields (_OPTIONAL_FIELDS) are
+        optional (zeros / R = 0 / J = 0 when absent), but the fields of a group (revision_*,
+        judge_*) come together.
         """
         allowed = set(_TRAJ_FIELDS) | set(_OPTIONAL_FIELDS)
         missing = sorted(set(_TRAJ_FIELDS) - set(arrays))
@@ -135,12 +135,11 @@ class TrajectoryBatch:
             a = np.asarray(arrays[name])
             want = tuple(dims[c] for c in letters)
             if a.shape != want:
-                raise BatchError(
-                    f"TrajectoryBatch.{name}: expected shape [{','.join(letters)}]={want}, got {a.shape}")
+                raise BatchError(f"TrajectoryBatch.{name}: expected shape [{','.join(letters)}]={want}, got {a.shape}")
             if a.dtype.kind not in kinds:
                 raise BatchError(
-                    f"TrajectoryBatch.{name}: expected dtype kind {kinds!r} ({np.dtype(dtype).name}), "
-                    f"got {a.dtype}")
+                    f"TrajectoryBatch.{name}: expected dtype kind {kinds!r} ({np.dtype(dtype).name}), got {a.dtype}"
+                )
             if name in ("anchor_id", "action_id"):
                 a = _dense_ids(a)
             out[name] = jnp.asarray(a, dtype=dtype)
@@ -189,14 +188,19 @@ def row_kinds(t: jax.Array, horizon: int) -> tuple[jax.Array, jax.Array, jax.Arr
     """row_index[:, 3] -> (is_step, is_strategy, is_revision, is_judgment), each [S] bool.
 
     `0 <= t < H` an action step, `-1` the strategy z_n, `<= -2` revision `-2 - t` of the
-    trajectory, `>= H` its judgment `t - H` (docs/CONTRACTS.md, issue #15).
+    trajectory, `>= H` its judgment `t - H` (docs/CONTRACTS.md).
     """
     return (t >= 0) & (t < horizon), t == -1, t <= -2, t >= horizon
 
 
-def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: TokenBatch,
-                      penalty: jax.Array | None = None, revision_adv: jax.Array | None = None,
-                      judge_adv: jax.Array | None = None) -> TokenBatch:
+def gather_advantages(
+    step_adv: jax.Array,
+    strategy_adv: jax.Array,
+    tokens: TokenBatch,
+    penalty: jax.Array | None = None,
+    revision_adv: jax.Array | None = None,
+    judge_adv: jax.Array | None = None,
+) -> TokenBatch:
     """Copy each row's advantage (step [P,N,M,H], strategy [P,N], revision [P,N,M,R], judgment
     [P,N,M,J]) onto its loss-masked tokens; the row kind comes from row_index[:, 3] (row_kinds).
 
@@ -204,8 +208,8 @@ def gather_advantages(step_adv: jax.Array, strategy_adv: jax.Array, tokens: Toke
     strata_jax.advantages.invalid_penalty): with it and a `tokens.penalty_mask`, the penalty lands
     on the penalty-masked tokens only and the rest of the row gets the step's advantage without it.
     Without either, every response token gets the whole step advantage.
-    Without `revision_adv`, every t < 0 row is read as a strategy row (the layout before issue
-    #15); a revision or judgment row whose array is absent (or has no slots) gets 0.
+    Without `revision_adv`, every t < 0 row is read as a strategy row (a batch without revisions
+    or judgments); a revision or judgment row whose array is absent (or has no slots) gets 0.
     """
     H = step_adv.shape[3]
     p, n, m, t = (tokens.row_index[:, i] for i in range(4))
@@ -241,8 +245,54 @@ def smallest_bucket(n: int, buckets) -> int | None:
     return next((int(b) for b in sorted(buckets) if b >= n), None)
 
 
-def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_rows: int,
-                   pad_id: int = 0) -> dict[str, np.ndarray]:
+# --- host-side views of a TokenBatch the update and the scoring cut (pure numpy, no side effects) --
+
+
+def trim_width(mask: np.ndarray, buckets) -> int:
+    """The smallest length bucket holding every row of `mask` [S, L] (rows are left-padded, so the
+    last `width` columns carry all tokens). Cutting a mini-batch to it saves the padding compute."""
+    need = int(np.asarray(mask).sum(axis=1).max(initial=1))
+    b = smallest_bucket(need, buckets)
+    return mask.shape[1] if b is None else b
+
+
+def trim_rows(tb: TokenBatch, buckets) -> TokenBatch:
+    """The [S, L] fields cut to the mini-batch's own length bucket (row_index / row_valid kept)."""
+    w = trim_width(np.asarray(tb.attention_mask), buckets)
+    return tb.replace(
+        **{
+            f: getattr(tb, f)[:, -w:]
+            for f in ("tokens", "attention_mask", "loss_mask", "old_logp", "ref_logp", "advantage")
+        }
+    )
+
+
+def check_window(loss_mask: np.ndarray, window: int) -> None:
+    """Refuse a loss token before the log-prob window (the last `window` columns, where the update
+    and the scoring run the vocabulary head): it would silently get log-prob 0."""
+    if loss_mask.shape[1] > window and loss_mask[:, :-window].any():
+        raise ValueError(
+            f"a trained response is longer than the log-prob window ({window} tokens = the "
+            "largest sampling budget); rows must end with their response"
+        )
+
+
+def has_signal(mb: TokenBatch) -> bool:
+    """A mini-batch whose loss tokens all have advantage 0 carries no outcome signal: a step on it
+    would be the KL and weight-decay terms alone, which AdamW's normalisation turns into a step of
+    about lr per parameter (~0.1 nats of drift per row per iteration). The update skips it
+    (`train.skip_no_signal`, docs/CONTRACTS.md)."""
+    return bool(np.any(np.asarray(mb.advantage)[np.asarray(mb.loss_mask) & np.asarray(mb.row_valid)[:, None]] != 0))
+
+
+def token_order(tokens: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`rows` sorted by their real tokens: rows that share a prompt prefix become neighbours."""
+    return np.asarray(sorted(rows, key=lambda r: tokens[r][mask[r]].tolist()), np.int64)
+
+
+def pad_token_rows(
+    prompt_ids, response_ids, response_logp, length: int, num_rows: int, pad_id: int = 0
+) -> dict[str, np.ndarray]:
     """Pack rows of (prompt, response) into left-padded host arrays for a TokenBatch.
 
     Row s is `[pad] * k + prompt + response` with k chosen so it ends at `length`; `old_logp[s, i]`
@@ -254,8 +304,9 @@ def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_row
     """
     rows = len(prompt_ids)
     if not rows == len(response_ids) == len(response_logp):
-        raise ValueError(f"pad_token_rows: {len(prompt_ids)} prompts, {len(response_ids)} responses, "
-                         f"{len(response_logp)} logp rows")
+        raise ValueError(
+            f"pad_token_rows: {len(prompt_ids)} prompts, {len(response_ids)} responses, {len(response_logp)} logp rows"
+        )
     if rows > num_rows:
         raise ValueError(f"pad_token_rows: {rows} rows do not fit num_rows={num_rows}")
     lp = np.fromiter((len(x) for x in prompt_ids), np.int64, rows)  # [rows]
@@ -279,9 +330,13 @@ def pad_token_rows(prompt_ids, response_ids, response_logp, length: int, num_row
     pad[:rows] = length - lp - lr
     resp = np.full(num_rows, length, np.int64)
     resp[:rows] = length - lr
-    return {"tokens": tokens, "attention_mask": cols >= pad[:, None],
-            "loss_mask": cols >= resp[:, None], "old_logp": logp,
-            "row_valid": np.arange(num_rows) < rows}
+    return {
+        "tokens": tokens,
+        "attention_mask": cols >= pad[:, None],
+        "loss_mask": cols >= resp[:, None],
+        "old_logp": logp,
+        "row_valid": np.arange(num_rows) < rows,
+    }
 
 
 def _right_aligned(lengths: np.ndarray, width: int) -> np.ndarray:

@@ -74,15 +74,18 @@ def _compare(target_pairs, saved_pairs) -> None:
     for path, leaf in target_pairs:
         if path not in saved:
             raise CheckpointMismatchError(
-                f"checkpoint has no parameter {_show(path)} (model shape {tuple(np.shape(leaf))})")
+                f"checkpoint has no parameter {_show(path)} (model shape {tuple(np.shape(leaf))})"
+            )
         if saved[path] != tuple(np.shape(leaf)):
             raise CheckpointMismatchError(
-                f"parameter {_show(path)}: checkpoint shape {saved[path]} != model shape {tuple(np.shape(leaf))}")
+                f"parameter {_show(path)}: checkpoint shape {saved[path]} != model shape {tuple(np.shape(leaf))}"
+            )
     extra = sorted(set(saved) - {p for p, _ in target_pairs})
     if extra:
         raise CheckpointMismatchError(
             f"checkpoint has parameter {_show(extra[0])} (shape {saved[extra[0]]}) that the model lacks"
-            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+        )
 
 
 class Checkpointer:
@@ -92,15 +95,17 @@ class Checkpointer:
     overwrite the train state right after `save`.
     """
 
-    def __init__(self, directory: str | os.PathLike, save_every: int = 1, keep: int | None = 3,
-                 async_save: bool = True):
+    def __init__(
+        self, directory: str | os.PathLike, save_every: int = 1, keep: int | None = 3, async_save: bool = True
+    ):
         if save_every < 1:
             raise ValueError(f"Checkpointer: save_every must be >= 1, got {save_every}")
         if keep is not None and keep < 1:
             raise ValueError(f"Checkpointer: keep must be >= 1 or None, got {keep}")
         self.directory = os.path.abspath(os.fspath(directory))
         options = ocp.CheckpointManagerOptions(
-            save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+            save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save, create=True
+        )
         # Handlers named up front: a fresh process can then read metadata before any save.
         handlers = {_STATE: ocp.StandardCheckpointHandler(), _EXTRA: ocp.JsonCheckpointHandler()}
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
@@ -145,7 +150,8 @@ class Checkpointer:
         saved_pairs, _ = _flat(getattr(meta, "tree", meta))
         _compare(pairs, saved_pairs)
         abstract = [
-            (p, jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=s)) for (p, leaf), s in zip(pairs, sh)]
+            (p, jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=s)) for (p, leaf), s in zip(pairs, sh)
+        ]
         args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(_nest(abstract)), _EXTRA: ocp.args.JsonRestore()})
         out = self._manager.restore(step, args=args)
         restored = out[_STATE]

@@ -1,7 +1,7 @@
 """The work a run's model calls did, counted from the padded shapes they ran, and a roofline model of
 what that work would take on a named accelerator at a named model's size.
 
-Why: StraTA's iteration overhead over GRPO (issue #17: under 5%) is a question about a 7B model on
+Why: StraTA's iteration overhead over GRPO (the goal: under 5%) is a question about a 7B model on
 GPUs, and this project's CPU hosts answer it badly on two counts. Their timings swing by more than
 the effect (2.5x run to run, docs/BENCHMARKS.md), and the tiny model's cost is attention-bound,
 where a 7B model's is in its matmuls. The counts here are exact: every prefill, decode step,
@@ -50,8 +50,14 @@ class Work:
     real_tokens: float = 0.0
     real_pairs: float = 0.0
 
-    def add(self, tokens: float = 0.0, pairs: float = 0.0, head_tokens: float = 0.0, real_tokens: float = 0.0,
-            real_pairs: float = 0.0) -> None:
+    def add(
+        self,
+        tokens: float = 0.0,
+        pairs: float = 0.0,
+        head_tokens: float = 0.0,
+        real_tokens: float = 0.0,
+        real_pairs: float = 0.0,
+    ) -> None:
         self.tokens += float(tokens)
         self.pairs += float(pairs)
         self.head_tokens += float(head_tokens)
@@ -62,24 +68,27 @@ class Work:
         if steps > 0:
             self.decode.append((int(rows), int(steps), int(cache_slots)))
 
-    def snapshot(self) -> "Work":
+    def snapshot(self) -> Work:
         return dataclasses.replace(self, decode=list(self.decode))
 
-    def since(self, earlier: "Work") -> "Work":
+    def since(self, earlier: Work) -> Work:
         """The work added after `earlier` (a snapshot of this counter)."""
-        return Work(**{k: getattr(self, k) - getattr(earlier, k) for k in _TOTALS},
-                    decode=self.decode[len(earlier.decode):])
+        return Work(
+            **{k: getattr(self, k) - getattr(earlier, k) for k in _TOTALS}, decode=self.decode[len(earlier.decode) :]
+        )
 
-    def __add__(self, other: "Work") -> "Work":
+    def __add__(self, other: Work) -> Work:
         return Work(**{k: getattr(self, k) + getattr(other, k) for k in _TOTALS}, decode=self.decode + other.decode)
 
-    def times(self, k: int) -> "Work":
+    def times(self, k: int) -> Work:
         """The same calls with k times the rows each: every pass's tokens, pairs and head positions
         and every decode's rows times k, its steps and cache unchanged. An iteration of k times the
         tasks (each call batches every environment) does about this work: tasks are independent
         draws, so its rows are like these rows k times over (padding and shared prefixes aside)."""
-        return Work(**{f: getattr(self, f) * k for f in _TOTALS},
-                    decode=[(rows * k, steps, cache) for rows, steps, cache in self.decode])
+        return Work(
+            **{f: getattr(self, f) * k for f in _TOTALS},
+            decode=[(rows * k, steps, cache) for rows, steps, cache in self.decode],
+        )
 
     @property
     def decode_steps(self) -> int:
@@ -103,9 +112,11 @@ def dense(rows: int, length: int, head: int) -> dict:
 def prefixed(prefix_rows: int, tpre: int, rows: int, ts: int, head: int) -> dict:
     """Prefixes [prefix_rows, Tpre] run once, then [rows, Ts] suffixes that attend to their prefix
     and themselves; `head` positions of each suffix row through the head."""
-    return {"tokens": prefix_rows * tpre + rows * ts,
-            "pairs": prefix_rows * tpre * tpre + rows * ts * (tpre + ts),
-            "head_tokens": rows * min(head, ts)}
+    return {
+        "tokens": prefix_rows * tpre + rows * ts,
+        "pairs": prefix_rows * tpre * tpre + rows * ts * (tpre + ts),
+        "head_tokens": rows * min(head, ts),
+    }
 
 
 def plan_cost(work: dict, pair: float) -> float:
@@ -116,7 +127,7 @@ def plan_cost(work: dict, pair: float) -> float:
 
 def batch_work(batch, window: int) -> dict:
     """The pass `train.sequence_logprobs` / `shared_batch_logprobs` / `tree_logprobs` runs over a
-    TokenBatch [S, L], a SharedBatch (prefixes once, suffixes plain or packed), a TreeBatch or a
+    TokenBatch [S, L], a SharedBatch (prefixes once, then the rows' suffixes), a TreeBatch or a
     TreeRows, with a logprob window of `window` columns through the head."""
     batch = getattr(batch, "tree", batch)  # a TreeRows runs its TreeBatch
     if hasattr(batch, "end"):  # a TreeBatch (strata_jax/tree.py): packed rows, the head on the gathered windows
@@ -125,15 +136,10 @@ def batch_work(batch, window: int) -> dict:
         return out
     prefix = getattr(batch, "prefix_tokens", None)
     if prefix is None:
-        s, l = batch.tokens.shape
-        return dense(s, l, window)
+        s, length = batch.tokens.shape
+        return dense(s, length, window)
     upre, tpre = prefix.shape
     s, ls = batch.rows.tokens.shape
-    if batch.packed:  # the packed rows run; the head runs on the rows' windows gathered back
-        r, ts = batch.packed_tokens.shape
-        out = prefixed(upre, tpre, r, ts, 0)
-        out["head_tokens"] = s * min(window, ls)
-        return out
     return prefixed(upre, tpre, s, ls, window)
 
 
@@ -146,8 +152,8 @@ class Hardware:
     peak_flops: float  # dense bf16 FLOP/s of one device
     hbm_bytes_per_s: float  # one device
     devices: int = 8
-    mfu: float = 0.4  # achieved share of peak in compute-bound passes (issue #17's goal)
-    hbm_share: float = 0.6  # achieved share of HBM bandwidth in decode (issue #17's goal)
+    mfu: float = 0.4  # achieved share of peak in compute-bound passes (the stated goal)
+    hbm_share: float = 0.6  # achieved share of HBM bandwidth in decode (the stated goal)
     bytes_per_param: int = 2  # bf16 weights and KV cache
 
 
@@ -155,9 +161,21 @@ H200 = Hardware("8 x H200", peak_flops=989e12, hbm_bytes_per_s=4.8e12)
 
 
 def _qwen2(vocab, d, f, layers, heads, kv, tied):
-    return ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=d, intermediate_size=f, num_layers=layers,
-                       num_heads=heads, num_kv_heads=kv, head_dim=d // heads, qkv_bias=True, rope_theta=1e6,
-                       tie_word_embeddings=tied, dtype="bfloat16", param_dtype="bfloat16")
+    return ModelConfig(
+        arch="qwen2",
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=f,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=d // heads,
+        qkv_bias=True,
+        rope_theta=1e6,
+        tie_word_embeddings=tied,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    )
 
 
 # The published shapes of the models the papers train (their config.json), for `seconds`, and of

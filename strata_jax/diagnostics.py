@@ -36,11 +36,14 @@ def car_keys(batch: TrajectoryBatch) -> tuple[Groups, jax.Array]:
     shape = batch.shape
     valid = batch.step_mask & (batch.anchor_id >= 0) & (batch.action_id >= 0)  # [P, N, M, H]
     groups = group_by((index_grid(shape, 0), batch.anchor_id, batch.action_id), valid, (shape[0], None, None))
-    traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2]
-            + index_grid(shape, 2)).reshape(-1)  # [T]
+    traj = ((index_grid(shape, 0) * shape[1] + index_grid(shape, 1)) * shape[2] + index_grid(shape, 2)).reshape(
+        -1
+    )  # [T]
     members = jax.ops.segment_sum(groups.valid.astype(jnp.int32), groups.ids, num_segments=groups.num)
-    shared = (members > 0) & (jax.ops.segment_min(traj, groups.ids, num_segments=groups.num)
-                              != jax.ops.segment_max(traj, groups.ids, num_segments=groups.num))
+    shared = (members > 0) & (
+        jax.ops.segment_min(traj, groups.ids, num_segments=groups.num)
+        != jax.ops.segment_max(traj, groups.ids, num_segments=groups.num)
+    )
     return groups, shared
 
 
@@ -63,8 +66,9 @@ def contradictory_action_ratio(sign: jax.Array, keys: tuple[Groups, jax.Array]) 
     return _ratio(both, n_keys), n_keys
 
 
-def advantage_diagnostics(batch: TrajectoryBatch, step_adv: jax.Array,
-                          keys: tuple[Groups, jax.Array]) -> dict[str, jax.Array]:
+def advantage_diagnostics(
+    batch: TrajectoryBatch, step_adv: jax.Array, keys: tuple[Groups, jax.Array]
+) -> dict[str, jax.Array]:
     """The diagnostics that read advantages, grid-last: step_adv [P, N, M, H, G] -> {name: [G]}.
 
     keys: `car_keys(batch)`, built outside so that one build serves every call of a program.
@@ -78,21 +82,28 @@ def advantage_diagnostics(batch: TrajectoryBatch, step_adv: jax.Array,
     absa = jnp.where(sm[..., None], jnp.abs(step_adv), 0.0).reshape(t, g)
     ms = batch.milestone & sm
     other = sm & ~batch.milestone
-    abs_sums = jnp.dot(jnp.stack([ms, other]).reshape(2, t).astype(jnp.float32), absa,
-                       precision=jax.lax.Precision.HIGHEST)  # [2, G]
+    abs_sums = jnp.dot(
+        jnp.stack([ms, other]).reshape(2, t).astype(jnp.float32), absa, precision=jax.lax.Precision.HIGHEST
+    )  # [2, G]
     # int8 signs of the valid steps: CAR's input, and their |.| counts the non-zero advantages.
     sign = jnp.where(sm[..., None], (step_adv > ADV_TOL).astype(jnp.int8) - (step_adv < -ADV_TOL).astype(jnp.int8), 0)
     n_steps = sm.sum()
     esu = _ratio(jnp.abs(sign).reshape(t, g).astype(jnp.int32).sum(0), n_steps)
     car, n_keys = contradictory_action_ratio(sign, keys)
-    return {"esu": esu, "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0), "car": car,
-            "car_keys": jnp.broadcast_to(n_keys.astype(jnp.int32), esu.shape),
-            "ccr": _ratio(_ratio(abs_sums[0], ms.sum()), _ratio(abs_sums[1], other.sum()))}
+    return {
+        "esu": esu,
+        "zero_adv_ratio": jnp.where(n_steps > 0, 1.0 - esu, 0.0),
+        "car": car,
+        "car_keys": jnp.broadcast_to(n_keys.astype(jnp.int32), esu.shape),
+        "ccr": _ratio(_ratio(abs_sums[0], ms.sum()), _ratio(abs_sums[1], other.sum())),
+    }
 
 
 # Without a valid step every advantage diagnostic is 0, so a grid call may skip the kernel.
-_ADV_DIAGNOSTICS = grid_last(lambda step_adv, shared: advantage_diagnostics(shared[0], step_adv, shared[1]),
-                             lambda shared: shared[0].step_mask.any())
+_ADV_DIAGNOSTICS = grid_last(
+    lambda step_adv, shared: advantage_diagnostics(shared[0], step_adv, shared[1]),
+    lambda shared: shared[0].step_mask.any(),
+)
 
 
 def _horizon_buckets(batch: TrajectoryBatch, won_t: jax.Array, tm: jax.Array) -> dict[str, jax.Array]:
@@ -125,18 +136,20 @@ def compute_diagnostics(
     any_ms = (batch.milestone & sm).any(-1).reshape(tm.shape).astype(jnp.float32)
     n_traj = tm.sum()
     out = _ADV_DIAGNOSTICS(adv.step, (batch, car_keys(batch)))
-    out.update({
-        "milestone_steps": (batch.milestone & sm).sum().astype(jnp.int32),
-        "success": _ratio(won.sum(), n_traj),
-        "outcome_full": _ratio(won.sum(), n_traj),
-        "outcome_partial": _ratio((any_ms * (1.0 - won) * tm).sum(), n_traj),
-        "outcome_none": _ratio(((1.0 - any_ms) * (1.0 - won) * tm).sum(), n_traj),
-        "invalid_rate": _ratio((batch.invalid & sm).sum(), n_steps),
-        "judged_bad_rate": _ratio((batch.judged_bad & sm).sum(), n_steps),
-        "mean_episode_length": _ratio(n_steps, n_traj),
-        "num_trajectories": n_traj.astype(jnp.int32),
-        "num_steps": n_steps.astype(jnp.int32),
-    })
+    out.update(
+        {
+            "milestone_steps": (batch.milestone & sm).sum().astype(jnp.int32),
+            "success": _ratio(won.sum(), n_traj),
+            "outcome_full": _ratio(won.sum(), n_traj),
+            "outcome_partial": _ratio((any_ms * (1.0 - won) * tm).sum(), n_traj),
+            "outcome_none": _ratio(((1.0 - any_ms) * (1.0 - won) * tm).sum(), n_traj),
+            "invalid_rate": _ratio((batch.invalid & sm).sum(), n_steps),
+            "judged_bad_rate": _ratio((batch.judged_bad & sm).sum(), n_steps),
+            "mean_episode_length": _ratio(n_steps, n_traj),
+            "num_trajectories": n_traj.astype(jnp.int32),
+            "num_steps": n_steps.astype(jnp.int32),
+        }
+    )
     out.update(_horizon_buckets(batch, won, tm))
     if num_task_types:
         if task_type is None:
@@ -155,8 +168,7 @@ def strategy_diversity(emb: jax.Array, mask: jax.Array) -> jax.Array:
     Over the unordered pairs of valid members; a task with fewer than two valid members gives 0.
     """
     if emb.ndim != 3 or mask.shape != emb.shape[:2]:
-        raise ValueError(f"strategy_diversity: need emb [P, N, D] and mask [P, N], "
-                         f"got {emb.shape}, {mask.shape}")
+        raise ValueError(f"strategy_diversity: need emb [P, N, D] and mask [P, N], got {emb.shape}, {mask.shape}")
     d = cosine_distances(emb)  # [P, N, N]
     pair = mask[:, :, None] & mask[:, None, :] & ~jnp.eye(mask.shape[1], dtype=bool)
     return _ratio(jnp.where(pair, d, 0.0).sum((1, 2)), pair.sum((1, 2)))

@@ -30,8 +30,7 @@ from flax import nnx
 
 from strata_jax.models.config import LORA_TARGETS, ModelConfig
 
-__all__ = ["split", "join", "merged_params", "adapters_off", "init_adapters", "count", "peft_tensors",
-           "peft_config"]
+__all__ = ["split", "join", "merged_params", "adapters_off", "init_adapters", "count", "peft_tensors", "peft_config"]
 
 
 def split(params) -> tuple[Any, Any]:
@@ -77,8 +76,9 @@ def merged_params(frozen, adapters, cfg: ModelConfig):
 
 def adapters_off(adapters):
     """The adapters with every B zeroed: the LoRA model then computes the base model exactly."""
-    return nnx.from_flat_state([(k, v.replace(jnp.zeros_like(_value(v))) if k[-1] == "lora_b" else v)
-                                for k, v in nnx.to_flat_state(adapters)])
+    return nnx.from_flat_state(
+        [(k, v.replace(jnp.zeros_like(_value(v))) if k[-1] == "lora_b" else v) for k, v in nnx.to_flat_state(adapters)]
+    )
 
 
 def init_adapters(abstract_adapters, seed: int):
@@ -90,8 +90,9 @@ def init_adapters(abstract_adapters, seed: int):
     for i, (k, v) in enumerate(nnx.to_flat_state(abstract_adapters)):
         shape, dtype = v.get_value().shape, v.get_value().dtype
         if k[-1] == "lora_a":
-            init = nnx.initializers.variance_scaling(2.0, "fan_in", "uniform", in_axis=-2, out_axis=-1,
-                                                     batch_axis=tuple(range(len(shape) - 2)))
+            init = nnx.initializers.variance_scaling(
+                2.0, "fan_in", "uniform", in_axis=-2, out_axis=-1, batch_axis=tuple(range(len(shape) - 2))
+            )
             value = init(jax.random.fold_in(key, i), shape, dtype)
         else:
             value = jnp.zeros(shape, dtype)
@@ -126,7 +127,17 @@ def peft_tensors(adapters, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def peft_config(cfg: ModelConfig, base_model: str = "") -> dict:
     """adapter_config.json for `peft.PeftModel.from_pretrained(base, dir)`."""
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
-            "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
-            "target_modules": sorted(LORA_TARGETS[t] for t in cfg.lora_targets), "init_lora_weights": True,
-            "base_model_name_or_path": base_model, "inference_mode": True}
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": cfg.lora_rank,
+        "lora_alpha": cfg.lora_alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "target_modules": sorted(LORA_TARGETS[t] for t in cfg.lora_targets),
+        "init_lora_weights": True,
+        "base_model_name_or_path": base_model,
+        "inference_mode": True,
+    }

@@ -27,8 +27,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from strata_jax.batch import TokenBatch
-
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
+from strata_jax.names import AGGREGATIONS
 
 # How each metric's (value, count) pairs combine across micro-batches; absent = "sum".
 METRIC_REDUCE = {"ratio_max": "max", "ratio_min": "min"}
@@ -67,8 +66,9 @@ class LossConfig:
         if isinstance(self.dual_clip, (int, float)) and self.dual_clip <= 1:
             raise ValueError(f"LossConfig.dual_clip must be > 1, got {self.dual_clip}")
         if not self.reference and not (isinstance(self.kl_coef, (int, float)) and self.kl_coef == 0):
-            raise ValueError(f"LossConfig.reference=False (no reference log-probs) needs kl_coef = 0, "
-                             f"got {self.kl_coef}")
+            raise ValueError(
+                f"LossConfig.reference=False (no reference log-probs) needs kl_coef = 0, got {self.kl_coef}"
+            )
 
     @property
     def needs_entropy(self) -> bool:
@@ -187,6 +187,7 @@ def combine_metrics(a: dict, b: dict) -> dict:
 
 def empty_metrics(like: dict) -> dict:
     """Identity element of `combine_metrics` with the structure of `like`."""
+
     def zero(k, v):
         kind = METRIC_REDUCE.get(k, "sum")
         fill = 0.0 if kind == "sum" else (-jnp.inf if kind == "max" else jnp.inf)

@@ -56,14 +56,20 @@ class Estimate:
 
     @property
     def total(self) -> int:
-        return (self.weights + self.grads + self.optimizer + self.reference + self.activations + self.head
-                + OVERHEAD_BYTES)
+        return (
+            self.weights + self.grads + self.optimizer + self.reference + self.activations + self.head + OVERHEAD_BYTES
+        )
 
     def breakdown(self) -> str:
-        parts = [("weights", self.weights), ("gradients", self.grads), ("AdamW moments", self.optimizer),
-                 ("second weight copy", self.reference), ("activations", self.activations),
-                 ("vocabulary head", self.head),
-                 ("process overhead", OVERHEAD_BYTES)]
+        parts = [
+            ("weights", self.weights),
+            ("gradients", self.grads),
+            ("AdamW moments", self.optimizer),
+            ("second weight copy", self.reference),
+            ("activations", self.activations),
+            ("vocabulary head", self.head),
+            ("process overhead", OVERHEAD_BYTES),
+        ]
         return " + ".join(f"{name} {b / GIB:.2f}" for name, b in parts if b) + f" = {self.total / GIB:.2f} GiB"
 
 
@@ -79,8 +85,15 @@ def num_params(m: ModelConfig) -> int:
 def num_lora_params(m: ModelConfig) -> int:
     """Adapter weights: rank x (fan-in + fan-out) per targeted projection and layer."""
     d, f, h, k, dh = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
-    fans = {"q": (d, h * dh), "k": (d, k * dh), "v": (d, k * dh), "o": (h * dh, d),
-            "gate": (d, f), "up": (d, f), "down": (f, d)}
+    fans = {
+        "q": (d, h * dh),
+        "k": (d, k * dh),
+        "v": (d, k * dh),
+        "o": (h * dh, d),
+        "gate": (d, f),
+        "up": (d, f),
+        "down": (f, d),
+    }
     return m.num_layers * m.lora_rank * sum(sum(fans[t]) for t in m.lora_targets) if m.lora_rank else 0
 
 
@@ -95,9 +108,19 @@ def layer_floats_per_token(m: ModelConfig, length: int, attention: str) -> int:
     return own + (3 * h * length if attention == "einsum" else 0)
 
 
-def estimate(m: ModelConfig, what: str, rows: int, length: int, *, train: bool, remat: bool,
-             window: int | None = None, chunk: int = 8192, reference: bool = False,
-             devices: int = 1) -> Estimate:
+def estimate(
+    m: ModelConfig,
+    what: str,
+    rows: int,
+    length: int,
+    *,
+    train: bool,
+    remat: bool,
+    window: int | None = None,
+    chunk: int = 8192,
+    reference: bool = False,
+    devices: int = 1,
+) -> Estimate:
     """Bytes per device of one forward (train=False: scoring) or one forward + backward + AdamW
     step (train=True) over `rows` rows of `length` tokens, of which the last `window` reach the
     vocabulary head. Weights, gradients and moments are split over `devices` (FSDP). With LoRA
@@ -140,8 +163,9 @@ def available_bytes(devices=None) -> tuple[int, str]:
     return int(phys // max(len(devices), 1)), f"host memory ({phys / GIB:.1f} GiB over {len(devices)} devices)"
 
 
-def plan(m: ModelConfig, what: str, rows: int, length: int, *, train: bool, remat: bool,
-         available: int, where: str, **kw) -> tuple[bool, Estimate]:
+def plan(
+    m: ModelConfig, what: str, rows: int, length: int, *, train: bool, remat: bool, available: int, where: str, **kw
+) -> tuple[bool, Estimate]:
     """(remat, estimate) for the phase: as configured if it fits, with remat turned on if only that
     fits, else DoesNotFitError naming every term of the sum and what would shrink it. `remat`
     means remat over scanned layers (the only kind that saves memory, see the module doc)."""
@@ -157,4 +181,5 @@ def plan(m: ModelConfig, what: str, rows: int, length: int, *, train: bool, rema
     raise DoesNotFitError(
         f"{what} at {rows} rows x {length} tokens cannot fit in {where}: {est.breakdown()}"
         f"{' (with remat)' if train else ''}, over {HEADROOM:.0%} of {available / GIB:.1f} GiB; "
-        "use fewer rows a step (sft.batch_rows, train.micro_batches), shorter buckets, or bfloat16")
+        "use fewer rows a step (sft.batch_rows, train.micro_batches), shorter buckets, or bfloat16"
+    )

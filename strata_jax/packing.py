@@ -18,19 +18,10 @@ prefix's keys and values (`strata_jax.train.shared_sequence_logprobs`).
   - None when no plan saves `min_saving` of the unshared S x L tokens: the caller runs the plain
     TokenBatch then.
 
-Segment packing (`segments=True`, `train.pack_segments`): the suffixes of a micro-batch's rows that
-continue the same prefix are packed several to a row of Ts tokens (first fit, longest first), each
-suffix a segment that attends to the prefix and to itself only (`Decoder(segment_ids=...)`). A
-short suffix then no longer pays for the longest one's Ts, and Ts can grow past the longest suffix
-(no private prefixes) without every row paying for it. Packed rows stay on the device of their
-rows (packing runs per data-parallel block), and `row_slots` maps each row's suffix columns back
-to its packed slots, so the loss still sees the [S, Ls] rows: the hidden states are gathered back
-(`train.packed_sequence_logprobs`) before the vocabulary head, which stays on the loss window.
-
 Plans are compared by model cost: padded tokens plus `pair_cost` x the (query, key) pairs that the
 dense attention computes (`pair_cost`: one pair's FLOPs over one token's layer FLOPs, from
 `pair_cost(model_config)`; about 0.002 for the 64-wide tiny model, where attention is most of a
-token's cost, and 3e-5 for Qwen2.5-7B, where it is negligible). Without it, packing would pick the
+token's cost, and 3e-5 for Qwen2.5-7B, where it is negligible). Without it, a plan would pick the
 longest rows it can, cheapest in tokens and dearest in attention.
 
 Layout of a SharedBatch packed for k micro-batches (`train._split_micro` takes rows j, j + k, ...
@@ -43,7 +34,7 @@ the loss is a sum over rows, so an update does not depend on it beyond float rou
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from flax import struct
@@ -70,27 +61,12 @@ class SharedBatch:
     prefix_tokens: np.ndarray
     prefix_mask: np.ndarray
     row_prefix: np.ndarray
-    # Segment packing (module docstring), else None: the packed rows [k·dp·Bp, Ts] (tokens,
-    # positions, segment ids with 0 = padding), each packed row's prefix [k·dp·Bp] among its
-    # micro-batch's UB, and row_slots [S, Ls]: where row s's suffix column c lies among the packed
-    # slots Bp x Ts of its (micro-batch, device block), flattened (0 on padding columns).
-    packed_tokens: np.ndarray | None = None
-    packed_positions: np.ndarray | None = None
-    packed_segments: np.ndarray | None = None
-    packed_prefix: np.ndarray | None = None
-    row_slots: np.ndarray | None = None
     micro_batches: int = struct.field(pytree_node=False, default=1)
-    blocks: int = struct.field(pytree_node=False, default=1)  # data-parallel blocks of the packing
-
-    @property
-    def packed(self) -> bool:
-        return self.packed_tokens is not None
 
     @property
     def model_tokens(self) -> int:
-        """Padded token slots one pass runs through the model: prefixes plus suffixes (packed or not)."""
-        suffixes = self.packed_tokens if self.packed else self.rows.tokens
-        return int(np.prod(self.prefix_tokens.shape) + np.prod(suffixes.shape))
+        """Padded token slots one pass runs through the model: prefixes plus suffixes."""
+        return int(np.prod(self.prefix_tokens.shape) + np.prod(self.rows.tokens.shape))
 
 
 def length_buckets(longest: int, extra: Sequence[int] = (), smallest: int = 16, steps: int = 2) -> tuple[int, ...]:
@@ -124,17 +100,20 @@ def row_prompts(batch: TokenBatch) -> tuple[list[list[int]], np.ndarray]:
     start = length - n  # [S] first real column
     bad = np.flatnonzero((mask != (col >= start[:, None])).any(axis=1))
     if bad.size:
-        raise ValueError(f"pack_shared: rows {bad[:8].tolist()} are not left-padded (attention_mask must be "
-                         "False then True)")
+        raise ValueError(
+            f"pack_shared: rows {bad[:8].tolist()} are not left-padded (attention_mask must be False then True)"
+        )
     if (loss & ~mask).any():
         raise ValueError("pack_shared: a loss_mask token lies on padding (attention_mask False)")
     has_loss = loss.any(axis=1)
     first = np.where(has_loss, np.argmax(loss, axis=1), length)  # [S] first loss column
     orphan = np.flatnonzero(has_loss & (first <= start))
     if orphan.size:
-        raise ValueError(f"pack_shared: rows {orphan[:8].tolist()} have a loss token at their first real token "
-                         "(nothing to predict it from)")
-    prompts = [tokens[r, start[r]:first[r]].tolist() for r in range(s)]
+        raise ValueError(
+            f"pack_shared: rows {orphan[:8].tolist()} have a loss token at their first real token "
+            "(nothing to predict it from)"
+        )
+    prompts = [tokens[r, start[r] : first[r]].tolist() for r in range(s)]
     return prompts, (length - first).astype(np.int64)
 
 
@@ -157,38 +136,6 @@ class _Plan:
     unique_bucket: int
     cost: float
     splits: list  # per micro-batch [S / k] splits
-    bins: list | None = None  # segment packing: per micro-batch, per block, [(prefix key, [(row, n)])]
-    bin_bucket: int = 0  # Bp: packed rows per (micro-batch, block)
-
-
-def _pack_bins(prompts, tails, rows, splits, ts: int, blocks: int) -> list:
-    """Per data-parallel block of a micro-batch: its rows' suffixes packed into bins of `ts` slots,
-    one prefix per bin, longest first into the first bin with room: [[(key, [(i, n), ...]), ...]].
-    i is the row's position in the micro-batch, n its suffix length; empty suffixes need no bin."""
-    per = len(rows) // blocks
-    out = []
-    for d in range(blocks):
-        by_key: dict[tuple, list] = {}
-        for i in range(d * per, (d + 1) * per):
-            r, sp = rows[i], int(splits[i])
-            n = len(prompts[r]) - sp + int(tails[r])
-            if n > 0:
-                by_key.setdefault(tuple(prompts[r][:sp]), []).append((i, n))
-        bins = []
-        for key, members in by_key.items():
-            free: list[int] = []  # room left in this key's bins
-            mine: list[list] = []
-            for i, n in sorted(members, key=lambda x: -x[1]):
-                b = next((b for b, room in enumerate(free) if room >= n), None)
-                if b is None:
-                    free.append(ts)
-                    mine.append([])
-                    b = len(free) - 1
-                free[b] -= n
-                mine[b].append((i, n))
-            bins.extend((key, m) for m in mine)
-        out.append(bins)
-    return out
 
 
 def prefix_tree_tokens(batch: TokenBatch) -> int:
@@ -209,7 +156,7 @@ def _common_prefixes(sorted_prompts) -> np.ndarray:
     lcp = np.array([common_prefix_len(a, b) for a, b in zip(sorted_prompts, sorted_prompts[1:])] + [0], np.int64)
     out = np.zeros((m, m), np.int64)
     for a in range(m - 1):
-        out[a, a + 1:] = np.minimum.accumulate(lcp[a:m - 1])
+        out[a, a + 1 :] = np.minimum.accumulate(lcp[a : m - 1])
     return out
 
 
@@ -226,28 +173,38 @@ def _distinct_prefixes(common: np.ndarray, splits: np.ndarray) -> int:
     return int(len(splits) - same.sum())
 
 
-def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 1,
-                buckets: Sequence[int] = (), min_prefix: int = 16, min_saving: float = 0.2,
-                segments: bool = False, pair: float = 0.0, steps: int = 2) -> tuple[SharedBatch, np.ndarray] | None:
+def pack_shared(
+    batch: TokenBatch,
+    micro_batches: int = 1,
+    data_parallel: int = 1,
+    buckets: Sequence[int] = (),
+    min_prefix: int = 16,
+    min_saving: float = 0.2,
+    pair: float = 0.0,
+    steps: int = 2,
+) -> tuple[SharedBatch, np.ndarray] | None:
     """(SharedBatch, order [S]) for a host TokenBatch [S, L], or None when sharing saves too little.
 
     `order[p]` is the input row that became row p. `micro_batches` / `data_parallel`: the train
     step's k and data-parallel device count (S must divide by their product; UB is a multiple of
     `data_parallel` so the prefixes split over the same devices). Tpre and Ts come from
     `length_buckets(L, buckets, steps=steps)`; UB from half steps (1, 2, 3, 4, 6, 8, ...) times
-    `data_parallel`. `segments`: pack the suffixes (module docstring), with Bp, the packed rows per
-    (micro-batch, device block), from the same half steps. `pair`: attention's weight in the
-    plan cost (`pair_cost`).
+    `data_parallel`. `pair`: attention's weight in the plan cost (`pair_cost`).
     """
-    host = TokenBatch(**{f.name: (None if getattr(batch, f.name) is None else np.asarray(getattr(batch, f.name)))
-                         for f in dataclasses.fields(TokenBatch)})
+    host = TokenBatch(
+        **{
+            f.name: (None if getattr(batch, f.name) is None else np.asarray(getattr(batch, f.name)))
+            for f in dataclasses.fields(TokenBatch)
+        }
+    )
     s, length = host.tokens.shape
     k = int(micro_batches)
     if k < 1 or data_parallel < 1:
         raise ValueError(f"pack_shared: micro_batches={k} and data_parallel={data_parallel} must be >= 1")
     if s % (k * data_parallel):
-        raise ValueError(f"pack_shared: rows S={s} must be divisible by micro_batches={k} x "
-                         f"data-parallel devices={data_parallel}")
+        raise ValueError(
+            f"pack_shared: rows S={s} must be divisible by micro_batches={k} x data-parallel devices={data_parallel}"
+        )
     prompts, tails = row_prompts(host)
     m = s // k
     # Sorted rows dealt to micro-batches in blocks: rows sharing a prefix share a micro-batch.
@@ -260,79 +217,66 @@ def pack_shared(batch: TokenBatch, micro_batches: int = 1, data_parallel: int = 
     common = [_common_prefixes([prompts[r] for r in rows]) for rows in micro]
 
     sizes = length_buckets(length, buckets, steps=steps)
-    # A length bucket past the rows' own length pads every row further: only the packed suffixes
-    # may use one (a Ts that holds several suffixes).
-    ts_sizes = length_buckets(2 * length if segments else length, buckets, steps=steps)
-    fewest = k * data_parallel if segments else s  # suffix rows at least
     n_prompt = np.array([len(p) for p in prompts], np.int64)  # [S]
     best = None
     for tpre in sizes:
         # A row fits only if its prompt's last token and its tail fit in Ts after a prefix of at
         # most Tpre (fit_groups): smaller Ts need not be tried.
         need = int(np.max(n_prompt + tails - np.minimum(tpre, n_prompt - 1)))
-        for ts in ts_sizes:
+        for ts in sizes:
             if ts < need:
                 continue
-            if best is not None and _cost(0, tpre, fewest, ts, pair) >= best.cost:
+            if best is not None and _cost(0, tpre, s, ts, pair) >= best.cost:
                 break  # costs only grow with Ts
-            splits = [fit_groups([prompts[r] for r in rows], g, tpre, ts, min_prefix, tails[rows])
-                      for rows, g in zip(micro, groups)]
+            splits = [
+                fit_groups([prompts[r] for r in rows], g, tpre, ts, min_prefix, tails[rows])
+                for rows, g in zip(micro, groups)
+            ]
             if any(x is None for x in splits):
                 continue
-            if not segments and best is not None and _cost(k * data_parallel, tpre, s, ts, pair) >= best.cost:
+            if best is not None and _cost(k * data_parallel, tpre, s, ts, pair) >= best.cost:
                 continue  # not cheaper even with the fewest prefix rows: skip counting them
             u = max(_distinct_prefixes(c, x) for c, x in zip(common, splits))
             # UB: data_parallel x the first half-step size (1, 2, 3, 4, 6, 8, 12, ...) that holds U,
             # as for the lengths: 9 prefixes pad to 12 slots, not 16.
             ub = data_parallel * max(length_buckets(-(-u // data_parallel), smallest=1))
-            bins, bp, suffix_rows = None, 0, s
-            if segments:
-                bins = [_pack_bins(prompts, tails, rows, x, ts, data_parallel) for rows, x in zip(micro, splits)]
-                most = max(len(block) for mb in bins for block in mb)
-                # half steps like UB, but never more than the rows of a block (one bin per row)
-                bp = min(max(length_buckets(max(most, 1), smallest=1)), s // (k * data_parallel))
-                suffix_rows = k * data_parallel * bp
-            cost = _cost(k * ub, tpre, suffix_rows, ts, pair)
+            cost = _cost(k * ub, tpre, s, ts, pair)
             if best is None or cost < best.cost:
-                best = _Plan(tpre, ts, ub, cost, splits, bins, bp)
+                best = _Plan(tpre, ts, ub, cost, splits)
         if tpre >= n_prompt.max():
             break  # a longer prefix bucket cannot split any row later: it only pads
     unshared = _cost(0, 0, s, length, pair)
     if best is None or best.cost >= unshared or best.cost > (1.0 - min_saving) * unshared:
         return None
-    return _build(host, prompts, order, micro, best, k, data_parallel), order
+    return _build(host, prompts, order, micro, best, k), order
 
 
-def _build(host: TokenBatch, prompts, order: np.ndarray, micro, plan: _Plan, k: int, blocks: int) -> SharedBatch:
+def _build(host: TokenBatch, prompts, order: np.ndarray, micro, plan: _Plan, k: int) -> SharedBatch:
     s, length = host.tokens.shape
     tpre, ts, ub = plan.prefix_bucket, plan.suffix_bucket, plan.unique_bucket
     pre_tokens = np.zeros((k * ub, tpre), np.int32)
     pre_mask = np.zeros((k * ub, tpre), bool)
     row_prefix = np.zeros(s, np.int32)
     split = np.zeros(s, np.int64)  # [S] in the packed order
-    indices = []  # per micro-batch: prefix key -> its index among the micro-batch's UB
     for j, (rows, splits) in enumerate(zip(micro, plan.splits)):
-        index: dict[tuple, int] = {}
-        indices.append(index)
+        index: dict[tuple, int] = {}  # prefix key -> its index among the micro-batch's UB
         for i, (r, sp) in enumerate(zip(rows, splits)):
             key = tuple(prompts[r][:sp])
             if key not in index:
                 u = index[key] = len(index)
                 if sp:
-                    pre_tokens[u * k + j, tpre - sp:] = key
-                    pre_mask[u * k + j, tpre - sp:] = True
+                    pre_tokens[u * k + j, tpre - sp :] = key
+                    pre_mask[u * k + j, tpre - sp :] = True
             row_prefix[i * k + j] = index[key]
             split[i * k + j] = sp
     # A row's suffix is its last n - split real tokens: the tail of every [S, L] field, cut (or
     # left-padded) to Ts columns, with the columns before the suffix cleared.
     n = host.attention_mask[order].sum(axis=1) - split  # [S] suffix tokens
-    # Ls: Ts, or with packed suffixes at most L (a packed Ts may exceed it; the rows need not).
-    ls = min(ts, length) if plan.bins is not None else ts
-    keep = np.arange(ls)[None] >= (ls - n)[:, None]  # [S, Ls]
+    keep = np.arange(ts)[None] >= (ts - n)[:, None]  # [S, Ts]
 
     def cut(x):
         x = x[order]
-        x = x[:, -ls:] if ls <= length else np.pad(x, ((0, 0), (ls - length, 0)))
+        x = x[:, -ts:] if ts <= length else np.pad(x, ((0, 0), (ts - length, 0)))
         return np.where(keep, x, np.zeros((), x.dtype))
 
     fields = {f: (None if getattr(host, f) is None else cut(getattr(host, f))) for f in TOKEN_FIELDS}
@@ -340,38 +284,6 @@ def _build(host: TokenBatch, prompts, order: np.ndarray, micro, plan: _Plan, k: 
     if lost:  # cannot happen: splits stop before every row's first loss token
         raise AssertionError(f"pack_shared: {lost} loss tokens fell into a prefix")
     rows = TokenBatch(**fields, row_index=host.row_index[order], row_valid=host.row_valid[order])
-    shared = SharedBatch(rows=rows, prefix_tokens=pre_tokens, prefix_mask=pre_mask, row_prefix=row_prefix,
-                         micro_batches=k)
-    if plan.bins is None:
-        return shared
-    return _pack_segments(shared, plan, indices, n, k, blocks)
-
-
-def _pack_segments(shared: SharedBatch, plan: _Plan, indices, n: np.ndarray, k: int, blocks: int) -> SharedBatch:
-    """`shared` with its suffixes packed into the plan's bins (module docstring). n [S]: each
-    (packed-order) row's suffix length."""
-    ts, bp = plan.suffix_bucket, plan.bin_bucket
-    tokens = np.asarray(shared.rows.tokens)  # [S, Ls]
-    ls = tokens.shape[1]
-    count = k * blocks * bp
-    p_tokens = np.zeros((count, ts), np.int32)
-    p_pos = np.zeros((count, ts), np.int32)
-    p_seg = np.zeros((count, ts), np.int32)
-    p_prefix = np.zeros(count, np.int32)
-    slots = np.zeros(tokens.shape, np.int32)  # [S, Ls]
-    for j, per_block in enumerate(plan.bins):
-        for d, bins in enumerate(per_block):
-            for b, (key, members) in enumerate(bins):
-                q = (d * bp + b) * k + j  # packed row b of block d of micro-batch j
-                p_prefix[q] = indices[j][key]
-                at = 0
-                for seg, (i, length) in enumerate(members, start=1):
-                    p = i * k + j  # the row in the packed order; its suffix fills its last `length` columns
-                    assert length == n[p], (length, n[p])
-                    p_tokens[q, at:at + length] = tokens[p, ls - length:]
-                    p_pos[q, at:at + length] = len(key) + np.arange(length)
-                    p_seg[q, at:at + length] = seg
-                    slots[p, ls - length:] = b * ts + at + np.arange(length)
-                    at += length
-    return shared.replace(packed_tokens=p_tokens, packed_positions=p_pos, packed_segments=p_seg,
-                          packed_prefix=p_prefix, row_slots=slots, blocks=blocks)
+    return SharedBatch(
+        rows=rows, prefix_tokens=pre_tokens, prefix_mask=pre_mask, row_prefix=row_prefix, micro_batches=k
+    )

@@ -24,8 +24,9 @@ from strata_jax.sharding import data_sharding, param_shardings, replicated
 from strata_jax.train import TrainState, sequence_logprobs, train_state_shardings
 
 
-def read_token_weights(contexts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
-                       max_share: float = 0.25) -> list[np.ndarray]:
+def read_token_weights(
+    contexts: Sequence[np.ndarray], responses: Sequence[np.ndarray], max_share: float = 0.25
+) -> list[np.ndarray]:
     """Per-response-token 0/1 weights of the SFT reading phase (`config.sft.read_steps`): 1 on a
     response token that occurs in its row's context (the prompt's task, strategy and observations)
     and is a content token there: one that occurs in at most `max_share` of the contexts of the rows
@@ -33,7 +34,7 @@ def read_token_weights(contexts: Sequence[np.ndarray], responses: Sequence[np.nd
     judgments, each with its own template).
 
     Why: trained on whole answers, the tiny models learn every template token and never the one
-    word the answer copies from its prompt (docs/RESULTS.md, round 9: the signpost's colour stays
+    word the answer copies from its prompt (docs/RESULTS.md: the signpost's colour stays
     at chance after 8,000 steps); trained on that word alone they read it within 250 steps. The
     share filter drops the words every prompt of a kind has (`door`, `to`, `1`, the template's
     `strategy`), which the template predicts without reading.
@@ -62,8 +63,7 @@ def nll(params, graphdef, tokens, attention_mask, loss_mask, chunk, window=None)
     return -(logp * w).sum() / jnp.maximum(w.sum(), 1.0)
 
 
-def make_sft_step(graphdef, optimizer: optax.GradientTransformation, chunk: int = 8192,
-                  window: int | None = None):
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation, chunk: int = 8192, window: int | None = None):
     """One jitted AdamW step on the mean response-token NLL; returns (params, opt_state, loss).
 
     `window`: see `train.sequence_logprobs`; the caller keeps every loss_mask token inside it.
@@ -78,8 +78,14 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, chunk: int 
     return step
 
 
-def make_ptx_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None,
-                  chunk: int = 8192, window: int | None = None):
+def make_ptx_step(
+    graphdef,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    rules=None,
+    chunk: int = 8192,
+    window: int | None = None,
+):
     """`ptx_step(state, tokens, attention_mask, loss_mask, coef) -> (state, nll)`: one optimiser step
     of the RL TrainState on `coef x` the mean response-token NLL of demonstration rows [S, L].
 
@@ -93,8 +99,9 @@ def make_ptx_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
         p_sh = param_shardings(state.params, mesh, rules)
 
         def loss_of(trained):  # with LoRA, the adapters' NLL over the frozen base (TrainState.frozen)
-            return nll(state.replace(params=trained).model_params, graphdef, tokens, attention_mask, loss_mask,
-                       chunk, window)
+            return nll(
+                state.replace(params=trained).model_params, graphdef, tokens, attention_mask, loss_mask, chunk, window
+            )
 
         loss, grads = jax.value_and_grad(loss_of)(state.params)
         grads = jax.tree.map(lambda g: coef * g, grads)
@@ -112,8 +119,9 @@ def make_ptx_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
     def step(state: TrainState, tokens, attention_mask, loss_mask, coef):
         if "f" not in jitted:
             st_sh, dsh, repl = train_state_shardings(state, mesh, rules), data_sharding(mesh), replicated(mesh)
-            jitted["f"] = jax.jit(fn, in_shardings=(st_sh, dsh, dsh, dsh, repl), out_shardings=(st_sh, repl),
-                                  donate_argnums=(0,))
+            jitted["f"] = jax.jit(
+                fn, in_shardings=(st_sh, dsh, dsh, dsh, repl), out_shardings=(st_sh, repl), donate_argnums=(0,)
+            )
         return jitted["f"](state, tokens, attention_mask, loss_mask, jnp.asarray(coef, jnp.float32))
 
     return step

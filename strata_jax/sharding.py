@@ -37,13 +37,23 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
 
 # Keys of a `config.mesh` section that are not mesh axes (see maybe_init_distributed;
 # rollout_shards is read by the trainer).
-_MESH_CONFIG_KEYS = ("distributed", "enabled", "coordinator_address", "num_processes", "process_id",
-                     "local_device_ids", "rollout_shards")
+_MESH_CONFIG_KEYS = (
+    "distributed",
+    "enabled",
+    "coordinator_address",
+    "num_processes",
+    "process_id",
+    "local_device_ids",
+    "rollout_shards",
+)
 # The initialize() arguments, and the environment variables that fill them when the config leaves
 # them unset ("" / 0 / -1): the names MaxText- and Tunix-style launch scripts export.
 _DIST_ARGS = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
-DIST_ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
-            "process_id": "JAX_PROCESS_ID"}
+DIST_ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
 
 # Where different flax versions keep a Variable's logical axis names (newest first).
 _AXES_METADATA_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -82,7 +92,8 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int], devices: Sequence[Any] |
         dims[dims.index(-1)] = len(devices) // known
     if int(np.prod(dims)) != len(devices):
         raise ShardingError(
-            f"make_mesh: shape {dict(zip(MESH_AXES, dims))} needs {int(np.prod(dims))} devices, got {len(devices)}")
+            f"make_mesh: shape {dict(zip(MESH_AXES, dims))} needs {int(np.prod(dims))} devices, got {len(devices)}"
+        )
     grid = np.asarray(devices, dtype=object).reshape(dims)
     # Auto axes spelled out: the default of the constructors has moved between jax versions.
     axis_types = getattr(jax.sharding, "AxisType", None)
@@ -256,7 +267,8 @@ def maybe_init_distributed(cfg: Mapping[str, Any] | None) -> bool:
     unknown = sorted(set(cfg) - set(_MESH_CONFIG_KEYS) - set(MESH_AXES))
     if unknown:
         raise ShardingError(
-            f"distributed config: unknown key(s) {unknown}; allowed: {list(_MESH_CONFIG_KEYS + MESH_AXES)}")
+            f"distributed config: unknown key(s) {unknown}; allowed: {list(_MESH_CONFIG_KEYS + MESH_AXES)}"
+        )
     if not (cfg.get("enabled", False) or cfg.get("distributed", False)):
         return False
     if jax.distributed.is_initialized():
@@ -290,6 +302,7 @@ def fetch_global(tree: Any) -> Any:
     """Host numpy of arrays that may have shards on other processes (then a collective: every
     process must call it at the same point). Fully addressable or replicated arrays are read
     locally."""
+
     def local(x):
         return not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated
 
@@ -315,13 +328,14 @@ def allgather_objects(obj: Any) -> list[Any]:
     buf = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([buf.size], np.int64))).reshape(-1)
     padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[:buf.size] = buf
+    padded[: buf.size] = buf
     every = np.asarray(multihost_utils.process_allgather(padded))  # [processes, max size]
-    return [pickle.loads(every[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]
+    return [pickle.loads(every[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
 
 
 def local_mesh(tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
     """A mesh over this process's own devices (fsdp takes what `tensor` leaves): where a process
     samples its own rollouts without waiting on other hosts."""
-    return make_mesh({"data": 1, "fsdp": -1, "tensor": int(tensor)},
-                     devices=jax.local_devices() if devices is None else devices)
+    return make_mesh(
+        {"data": 1, "fsdp": -1, "tensor": int(tensor)}, devices=jax.local_devices() if devices is None else devices
+    )

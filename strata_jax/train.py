@@ -18,8 +18,8 @@ Step semantics:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +32,10 @@ from strata_jax.batch import TokenBatch
 from strata_jax.loss import LossConfig, combine_metrics, empty_metrics, finalize_metrics, policy_loss
 from strata_jax.models.heads import token_logprobs
 from strata_jax.models.qwen2 import positions_from_mask
+from strata_jax.names import SCHEDULES
 from strata_jax.packing import SharedBatch
-from strata_jax.tree import TreeRows
 from strata_jax.sharding import data_sharding, param_shardings, replicated, shard_params
-
-SCHEDULES = ("constant", "warmup_cosine")
+from strata_jax.tree import TreeRows
 
 
 @struct.dataclass
@@ -98,25 +97,28 @@ def make_schedule(cfg: OptimizerConfig, total_steps: int | None = None) -> optax
     if cfg.schedule == "warmup_cosine":
         if not total_steps or total_steps <= cfg.warmup_steps:
             raise ValueError(
-                f"schedule 'warmup_cosine' needs total_steps > warmup_steps={cfg.warmup_steps}, got {total_steps}")
-        return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, total_steps,
-                                                  end_value=cfg.lr * cfg.end_lr_ratio)
+                f"schedule 'warmup_cosine' needs total_steps > warmup_steps={cfg.warmup_steps}, got {total_steps}"
+            )
+        return optax.warmup_cosine_decay_schedule(
+            0.0, cfg.lr, cfg.warmup_steps, total_steps, end_value=cfg.lr * cfg.end_lr_ratio
+        )
     if cfg.warmup_steps > 0:
-        return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
-                                     optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)], [cfg.warmup_steps]
+        )
     return optax.constant_schedule(cfg.lr)
 
 
-def make_optimizer(cfg: OptimizerConfig | Mapping | None = None, total_steps: int | None = None
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+    cfg: OptimizerConfig | Mapping | None = None, total_steps: int | None = None
+) -> optax.GradientTransformation:
     """Global-norm clip, then AdamW (decoupled weight decay on every parameter) on a schedule."""
     cfg = optimizer_config(cfg)
     if cfg.grad_clip <= 0:
         raise ValueError(f"grad_clip must be > 0, got {cfg.grad_clip}")
     return optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay),
+        optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
     )
 
 
@@ -142,8 +144,7 @@ def uses_reference(train_cfg: Mapping) -> bool:
 def _raw_key(rng) -> jax.Array:
     if isinstance(rng, int):
         rng = jax.random.key(rng)
-    if jax.dtypes.issubdtype(jnp.asarray(rng).dtype if not hasattr(rng, "dtype") else rng.dtype,
-                             jax.dtypes.prng_key):
+    if jax.dtypes.issubdtype(jnp.asarray(rng).dtype if not hasattr(rng, "dtype") else rng.dtype, jax.dtypes.prng_key):
         rng = jax.random.key_data(rng)
     rng = jnp.asarray(rng, jnp.uint32)
     if rng.shape != (2,):
@@ -154,30 +155,48 @@ def _raw_key(rng) -> jax.Array:
 def train_state_shardings(state: TrainState, mesh: Mesh, rules: Mapping | None = None) -> TrainState:
     """NamedShardings for every leaf of a (concrete or abstract) TrainState."""
     repl = replicated(mesh)
-    return TrainState(params=param_shardings(state.params, mesh, rules),
-                      opt_state=param_shardings(state.opt_state, mesh, rules),
-                      step=repl, rng=repl, skipped=repl,
-                      frozen=None if state.frozen is None else param_shardings(state.frozen, mesh, rules))
+    return TrainState(
+        params=param_shardings(state.params, mesh, rules),
+        opt_state=param_shardings(state.opt_state, mesh, rules),
+        step=repl,
+        rng=repl,
+        skipped=repl,
+        frozen=None if state.frozen is None else param_shardings(state.frozen, mesh, rules),
+    )
 
 
-def abstract_train_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
-                         rules: Mapping | None = None) -> TrainState:
+def abstract_train_state(
+    params: Any, optimizer: optax.GradientTransformation, mesh: Mesh, rules: Mapping | None = None
+) -> TrainState:
     """ShapeDtypeStruct TrainState with shardings: a restore target that allocates nothing (and
     no frozen base: checkpoints hold what trains, see TrainState.frozen).
 
     `params` may be concrete or abstract (e.g. `nnx.split(nnx.eval_shape(lambda: Decoder(...)))`).
     """
+
     def build(p):
-        return TrainState(params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32),
-                          rng=jnp.zeros((2,), jnp.uint32), skipped=jnp.zeros((), jnp.int32))
+        return TrainState(
+            params=p,
+            opt_state=optimizer.init(p),
+            step=jnp.zeros((), jnp.int32),
+            rng=jnp.zeros((2,), jnp.uint32),
+            skipped=jnp.zeros((), jnp.int32),
+        )
 
     shapes = jax.eval_shape(build, params)
     shardings = train_state_shardings(shapes, mesh, rules)
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
-def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.GradientTransformation, rng,
-                     mesh: Mesh, rules: Mapping | None = None, frozen: Any = None) -> TrainState:
+def init_train_state(
+    graphdef: nnx.GraphDef,
+    params: Any,
+    optimizer: optax.GradientTransformation,
+    rng,
+    mesh: Mesh,
+    rules: Mapping | None = None,
+    frozen: Any = None,
+) -> TrainState:
     """Place params on the mesh and build the optimiser state *already sharded* (jitted init).
     `frozen`: with LoRA, the base params (`params` are then the adapters; strata_jax/lora.py)."""
     if frozen is None:
@@ -192,8 +211,13 @@ def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradi
     shardings = jax.tree.map(lambda s: s.sharding, target)
 
     def build(p, key):
-        return TrainState(params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32), rng=key,
-                          skipped=jnp.zeros((), jnp.int32))
+        return TrainState(
+            params=p,
+            opt_state=optimizer.init(p),
+            step=jnp.zeros((), jnp.int32),
+            rng=key,
+            skipped=jnp.zeros((), jnp.int32),
+        )
 
     init = jax.jit(build, in_shardings=(shardings.params, replicated(mesh)), out_shardings=shardings)
     return init(params, jax.device_put(_raw_key(rng), replicated(mesh))).replace(frozen=frozen)
@@ -203,9 +227,15 @@ def init_train_state(graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradi
 # Forward: per-token log-probs
 
 
-def sequence_logprobs(graphdef, params, tokens, attention_mask, chunk_size: int = 8192,
-                      return_entropy: bool = False, window: int | None = None
-                      ) -> tuple[jax.Array, jax.Array | None]:
+def sequence_logprobs(
+    graphdef,
+    params,
+    tokens,
+    attention_mask,
+    chunk_size: int = 8192,
+    return_entropy: bool = False,
+    window: int | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced log-prob of tokens[s, i] given tokens[s, :i]: [S, L] (column 0 is 0).
 
     The hidden state at i - 1 predicts token i, so the [S, L - 1] head output is shifted right.
@@ -219,9 +249,18 @@ def sequence_logprobs(graphdef, params, tokens, attention_mask, chunk_size: int 
     return _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window)
 
 
-def shared_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, row_prefix, tokens, attention_mask,
-                             chunk_size: int = 8192, return_entropy: bool = False, window: int | None = None
-                             ) -> tuple[jax.Array, jax.Array | None]:
+def shared_sequence_logprobs(
+    graphdef,
+    params,
+    prefix_tokens,
+    prefix_mask,
+    row_prefix,
+    tokens,
+    attention_mask,
+    chunk_size: int = 8192,
+    return_entropy: bool = False,
+    window: int | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
     """`sequence_logprobs` of rows whose shared prompt prefixes run once (strata_jax/packing.py).
 
     prefix_tokens / prefix_mask [U, Tpre] (left-padded), row_prefix [S] (row s continues prefix
@@ -252,56 +291,42 @@ def _prefix_caches(model, prefix_tokens, prefix_mask, row_prefix, extra: int):
     cache = model.init_cache(u, tpre)
     # Static cache_index 0: the prefixes attend among themselves; last_only: their hidden states
     # are not needed, only the keys and values every layer writes.
-    _, cache = model(prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0,
-                     last_only=True)
+    _, cache = model(
+        prefix_tokens, positions_from_mask(prefix_mask), prefix_mask, cache=cache, cache_index=0, last_only=True
+    )
     return cache.take_rows(row_prefix, extra), jnp.take(prefix_mask, row_prefix, axis=0)
 
 
-def packed_sequence_logprobs(graphdef, params, prefix_tokens, prefix_mask, packed_prefix, packed_tokens,
-                             packed_positions, packed_segments, row_slots, tokens, blocks: int = 1,
-                             chunk_size: int = 8192, return_entropy: bool = False, window: int | None = None
-                             ) -> tuple[jax.Array, jax.Array | None]:
-    """`shared_sequence_logprobs` with the suffixes packed several to a row (strata_jax/packing.py).
-
-    prefix_tokens / prefix_mask [U, Tpre]; packed_tokens / packed_positions / packed_segments
-    [R, Ts] (segment 0: padding), packed_prefix [R]: the prefix every segment of packed row r
-    continues; row_slots [S, Ls]: row s's suffix column c sits at flat slot row_slots[s, c] of the
-    R / blocks x Ts slots of its block (`blocks` static: the rows and the packed rows split into
-    that many contiguous blocks, one per data-parallel device, so the gather stays on a device);
-    tokens [S, Ls] the rows' suffixes (the head's targets).
-
-    Each packed row attends to its prefix's keys and values (slots [0, Tpre)) and, segment by
-    segment, causally to itself (`Decoder(segment_ids=...)`), at the positions the unshared row
-    has. The hidden states are gathered back to [S, Ls] and the head runs as in
-    `sequence_logprobs` (on the `window` last columns), so the result is the one
-    `shared_sequence_logprobs` gives for the same rows: [S, Ls] (and the entropy), 0 or arbitrary
-    at the first real suffix column and on padding, never loss tokens.
-    """
-    model = nnx.merge(graphdef, params)
-    tpre = prefix_tokens.shape[1]
-    ts = packed_tokens.shape[1]
-    cache, pre_mask = _prefix_caches(model, prefix_tokens, prefix_mask, packed_prefix, ts)
-    mask = jnp.concatenate([pre_mask, packed_segments > 0], axis=1)  # [R, Tpre + Ts]
-    segments = jnp.concatenate([jnp.zeros(pre_mask.shape, jnp.int32), packed_segments.astype(jnp.int32)], axis=1)
-    hidden, _ = model(packed_tokens, packed_positions, mask, cache=cache, cache_index=tpre,
-                      segment_ids=segments)  # [R, Ts, D]
-    rows_hidden = _gather_rows(hidden, row_slots, blocks)  # [S, Ls, D]
-    return _head_logprobs(model, rows_hidden, tokens, chunk_size, return_entropy, window)
+def shared_batch_logprobs(
+    graphdef, params, sb: SharedBatch, chunk_size: int = 8192, return_entropy: bool = False, window: int | None = None
+) -> tuple[jax.Array, jax.Array | None]:
+    """[S, Ls] log-probs (and entropy) of a SharedBatch's rows."""
+    return shared_sequence_logprobs(
+        graphdef,
+        params,
+        sb.prefix_tokens,
+        sb.prefix_mask,
+        sb.row_prefix,
+        sb.rows.tokens,
+        sb.rows.attention_mask,
+        chunk_size,
+        return_entropy,
+        window,
+    )
 
 
-def shared_batch_logprobs(graphdef, params, sb: SharedBatch, chunk_size: int = 8192, return_entropy: bool = False,
-                          window: int | None = None) -> tuple[jax.Array, jax.Array | None]:
-    """[S, Ls] log-probs (and entropy) of a SharedBatch's rows, packed suffixes or not."""
-    if sb.packed:
-        return packed_sequence_logprobs(graphdef, params, sb.prefix_tokens, sb.prefix_mask, sb.packed_prefix,
-                                        sb.packed_tokens, sb.packed_positions, sb.packed_segments, sb.row_slots,
-                                        sb.rows.tokens, sb.blocks, chunk_size, return_entropy, window)
-    return shared_sequence_logprobs(graphdef, params, sb.prefix_tokens, sb.prefix_mask, sb.row_prefix,
-                                    sb.rows.tokens, sb.rows.attention_mask, chunk_size, return_entropy, window)
-
-
-def tree_logprobs(graphdef, params, tree_tokens, tree_positions, tree_end, slots, targets, blocks: int = 1,
-                  chunk_size: int = 8192, return_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+def tree_logprobs(
+    graphdef,
+    params,
+    tree_tokens,
+    tree_positions,
+    tree_end,
+    slots,
+    targets,
+    blocks: int = 1,
+    chunk_size: int = 8192,
+    return_entropy: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
     """`sequence_logprobs` of rows packed as prefix trees (strata_jax/tree.py): [S, W + 1], column
     c the log-prob of targets[s, c] (the row's last W + 1 tokens; column 0 is 0).
 
@@ -335,8 +360,9 @@ def _head_logprobs(model, hidden, tokens, chunk_size, return_entropy, window):
     """Shifted log-probs (and entropy) [S, L] of tokens from hidden [S, L, D]; see sequence_logprobs."""
     length = tokens.shape[1]
     w = length - 1 if window is None else min(int(window), length - 1)
-    logp, ent = token_logprobs(hidden[:, -w - 1:-1], model.unembed_kernel(), tokens[:, -w:], chunk_size,
-                               return_entropy)  # [S, w]
+    logp, ent = token_logprobs(
+        hidden[:, -w - 1 : -1], model.unembed_kernel(), tokens[:, -w:], chunk_size, return_entropy
+    )  # [S, w]
     pad = lambda x: jnp.pad(x, ((0, 0), (length - w, 0)))  # noqa: E731
     return pad(logp), (pad(ent) if ent is not None else None)
 
@@ -357,6 +383,7 @@ def _split_micro(batch: TokenBatch | SharedBatch, k: int) -> TokenBatch | Shared
     by k * devices), every micro-batch stays spread over all devices with no data movement. A
     SharedBatch's prefixes split the same way (strata_jax/packing.py lays them out for it).
     """
+
     def one(x):
         x = x.reshape(x.shape[0] // k, k, *x.shape[1:])
         return jnp.swapaxes(x, 0, 1)
@@ -376,60 +403,62 @@ def _check_batch(batch: TokenBatch | SharedBatch | TreeRows, micro_batches: int,
         if getattr(batch, name).shape != (s, length):
             raise ValueError(f"TokenBatch.{name}: shape {getattr(batch, name).shape} != tokens shape {(s, length)}")
     if batch.row_index.shape != (s, 4) or batch.row_valid.shape != (s,):
-        raise ValueError(f"TokenBatch.row_index / row_valid: expected [{s}, 4] / [{s}], got "
-                         f"{batch.row_index.shape} / {batch.row_valid.shape}")
+        raise ValueError(
+            f"TokenBatch.row_index / row_valid: expected [{s}, 4] / [{s}], got "
+            f"{batch.row_index.shape} / {batch.row_valid.shape}"
+        )
     if s % (micro_batches * n_data):
-        raise ValueError(f"TokenBatch rows S={s} must be divisible by micro_batches={micro_batches} x "
-                         f"data-parallel devices={n_data} (pad with row_valid=False rows)")
+        raise ValueError(
+            f"TokenBatch rows S={s} must be divisible by micro_batches={micro_batches} x "
+            f"data-parallel devices={n_data} (pad with row_valid=False rows)"
+        )
 
 
 def _check_shared(batch: SharedBatch, micro_batches: int, n_data: int) -> None:
     if batch.micro_batches != micro_batches:
-        raise ValueError(f"SharedBatch packed for micro_batches={batch.micro_batches}, but the step runs "
-                         f"micro_batches={micro_batches} (its row_prefix indexes each micro-batch's own prefixes)")
+        raise ValueError(
+            f"SharedBatch packed for micro_batches={batch.micro_batches}, but the step runs "
+            f"micro_batches={micro_batches} (its row_prefix indexes each micro-batch's own prefixes)"
+        )
     u = batch.prefix_tokens.shape[0]
     if batch.prefix_tokens.ndim != 2 or batch.prefix_mask.shape != batch.prefix_tokens.shape:
-        raise ValueError(f"SharedBatch.prefix_tokens / prefix_mask: expected one [U, Tpre] shape, got "
-                         f"{batch.prefix_tokens.shape} / {batch.prefix_mask.shape}")
+        raise ValueError(
+            f"SharedBatch.prefix_tokens / prefix_mask: expected one [U, Tpre] shape, got "
+            f"{batch.prefix_tokens.shape} / {batch.prefix_mask.shape}"
+        )
     if u % (micro_batches * n_data):
-        raise ValueError(f"SharedBatch prefixes U={u} must be divisible by micro_batches={micro_batches} x "
-                         f"data-parallel devices={n_data}")
+        raise ValueError(
+            f"SharedBatch prefixes U={u} must be divisible by micro_batches={micro_batches} x "
+            f"data-parallel devices={n_data}"
+        )
     if batch.row_prefix.shape != batch.rows.row_valid.shape:
-        raise ValueError(f"SharedBatch.row_prefix: expected [{batch.rows.row_valid.shape[0]}], got "
-                         f"{batch.row_prefix.shape}")
-    if batch.packed:
-        if batch.blocks != n_data:
-            raise ValueError(f"SharedBatch suffixes packed for {batch.blocks} data-parallel blocks, but the step "
-                             f"runs on {n_data} (row_slots index each block's own packed rows)")
-        r, ts = batch.packed_tokens.shape
-        for name in ("packed_positions", "packed_segments"):
-            if getattr(batch, name).shape != (r, ts):
-                raise ValueError(f"SharedBatch.{name}: shape {getattr(batch, name).shape} != packed_tokens shape "
-                                 f"{(r, ts)}")
-        if batch.packed_prefix.shape != (r,) or r % (micro_batches * n_data):
-            raise ValueError(f"SharedBatch.packed_prefix: expected [{r}] with R={r} divisible by micro_batches="
-                             f"{micro_batches} x data-parallel devices={n_data}, got {batch.packed_prefix.shape}")
-        if batch.row_slots.shape != batch.rows.tokens.shape:
-            raise ValueError(f"SharedBatch.row_slots: shape {batch.row_slots.shape} != rows' tokens shape "
-                             f"{batch.rows.tokens.shape}")
+        raise ValueError(
+            f"SharedBatch.row_prefix: expected [{batch.rows.row_valid.shape[0]}], got {batch.row_prefix.shape}"
+        )
 
 
 def _check_tree(batch: TreeRows, micro_batches: int, n_data: int) -> None:
     t = batch.tree
     if batch.micro_batches != micro_batches or t.blocks != n_data:
-        raise ValueError(f"TreeRows packed for micro_batches={batch.micro_batches} x {t.blocks} data-parallel blocks, "
-                         f"but the step runs micro_batches={micro_batches} on {n_data} devices (its slots index "
-                         f"each block's own packed rows)")
+        raise ValueError(
+            f"TreeRows packed for micro_batches={batch.micro_batches} x {t.blocks} data-parallel blocks, "
+            f"but the step runs micro_batches={micro_batches} on {n_data} devices (its slots index "
+            f"each block's own packed rows)"
+        )
     r, width = t.tokens.shape
     for name in ("positions", "end"):
         if getattr(t, name).shape != (r, width):
             raise ValueError(f"TreeRows.tree.{name}: shape {getattr(t, name).shape} != tokens shape {(r, width)}")
     if r % (micro_batches * n_data):
-        raise ValueError(f"TreeRows.tree: packed rows R={r} must be divisible by micro_batches={micro_batches} x "
-                         f"data-parallel devices={n_data}")
+        raise ValueError(
+            f"TreeRows.tree: packed rows R={r} must be divisible by micro_batches={micro_batches} x "
+            f"data-parallel devices={n_data}"
+        )
     if t.slots.shape != batch.rows.tokens.shape or t.targets.shape != batch.rows.tokens.shape:
-        raise ValueError(f"TreeRows.tree.slots / targets: shapes {t.slots.shape} / {t.targets.shape} != the rows' "
-                         f"{batch.rows.tokens.shape}")
+        raise ValueError(
+            f"TreeRows.tree.slots / targets: shapes {t.slots.shape} / {t.targets.shape} != the rows' "
+            f"{batch.rows.tokens.shape}"
+        )
 
 
 class TrainStep:
@@ -445,16 +474,28 @@ class TrainStep:
     TokenBatch's up to float rounding. Each batch shape, and each kind, compiles its own program.
     """
 
-    def __init__(self, step_fn: Callable, mesh: Mesh, rules, micro_batches: int,
-                 state_shardings: TrainState | None = None, compiler_options: dict | None = None):
+    def __init__(
+        self,
+        step_fn: Callable,
+        mesh: Mesh,
+        rules,
+        micro_batches: int,
+        state_shardings: TrainState | None = None,
+        compiler_options: dict | None = None,
+    ):
         self._fn, self.mesh, self.rules, self._options = step_fn, mesh, rules, compiler_options
         self.micro_batches = micro_batches
         self.jitted = None if state_shardings is None else self._build(state_shardings)
 
     def _build(self, state_sh: TrainState):
         repl = replicated(self.mesh)
-        return jax.jit(self._fn, in_shardings=(state_sh, data_sharding(self.mesh), repl),
-                       out_shardings=(state_sh, repl), donate_argnums=(0,), compiler_options=self._options)
+        return jax.jit(
+            self._fn,
+            in_shardings=(state_sh, data_sharding(self.mesh), repl),
+            out_shardings=(state_sh, repl),
+            donate_argnums=(0,),
+            compiler_options=self._options,
+        )
 
     def __call__(self, state: TrainState, batch: TokenBatch | SharedBatch, lam_strategy):
         # checked here too: jit validates the input shardings before tracing would reach it
@@ -464,26 +505,49 @@ class TrainStep:
         return self.jitted(state, batch, jnp.asarray(lam_strategy, jnp.float32))
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig,
-                    mesh: Mesh, rules: Mapping | None = None, micro_batches: int = 1, *,
-                    logprob_chunk: int = 8192, logprob_window: int | None = None,
-                    state_shardings: TrainState | None = None,
-                    compiler_options: dict | None = None) -> TrainStep:
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    loss_cfg: LossConfig,
+    mesh: Mesh,
+    rules: Mapping | None = None,
+    micro_batches: int = 1,
+    *,
+    logprob_chunk: int = 8192,
+    logprob_window: int | None = None,
+    state_shardings: TrainState | None = None,
+    compiler_options: dict | None = None,
+) -> TrainStep:
     """Build the jitted update. See the module docstring for step / skip semantics.
 
     `compiler_options` go to `jax.jit` (tests on a loaded CPU use a low XLA optimisation level).
     `logprob_window`: see `sequence_logprobs`; the caller guarantees that no `loss_mask` token lies
     before the last `logprob_window` columns (the loss there would silently be 0).
     """
-    step_fn = train_step_fn(graphdef, optimizer, loss_cfg, mesh, rules, micro_batches,
-                            logprob_chunk=logprob_chunk, logprob_window=logprob_window)
+    step_fn = train_step_fn(
+        graphdef,
+        optimizer,
+        loss_cfg,
+        mesh,
+        rules,
+        micro_batches,
+        logprob_chunk=logprob_chunk,
+        logprob_window=logprob_window,
+    )
     return TrainStep(step_fn, mesh, rules, micro_batches, state_shardings, compiler_options)
 
 
-def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig,
-                  mesh: Mesh, rules: Mapping | None = None, micro_batches: int = 1, *,
-                  logprob_chunk: int = 8192, logprob_window: int | None = None
-                  ) -> Callable[[TrainState, TokenBatch, Any], tuple[TrainState, dict]]:
+def train_step_fn(
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    loss_cfg: LossConfig,
+    mesh: Mesh,
+    rules: Mapping | None = None,
+    micro_batches: int = 1,
+    *,
+    logprob_chunk: int = 8192,
+    logprob_window: int | None = None,
+) -> Callable[[TrainState, TokenBatch, Any], tuple[TrainState, dict]]:
     """The unjitted `step_fn(state, batch, lam_strategy) -> (state, metrics)` that `make_train_step`
     jits: pure, so it can also be vmapped over a stacked [K] state and batch (rollout/population.py).
     The sharding constraints inside it name mesh axes per copy; under vmap the copy axis stays
@@ -491,8 +555,8 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
 
     The batch is a TokenBatch, a SharedBatch (`shared_sequence_logprobs` then runs its prefixes
     once per micro-batch) or a TreeRows (`tree_logprobs`: its rows as prefix trees); the loss
-    (sum, count), metrics and gradient are the same up to float rounding. rollout/population.py vmaps it over TokenBatches only (the copies' packed shapes
-    would differ).
+    (sum, count), metrics and gradient are the same up to float rounding. rollout/population.py
+    vmaps it over TokenBatches only (the copies' packed shapes would differ).
     """
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -513,14 +577,26 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
                 p = join(frozen, trained)
             if isinstance(mb, TreeRows):
                 t = mb.tree
-                logp, ent = tree_logprobs(graphdef, p, t.tokens, t.positions, t.end, t.slots, t.targets, t.blocks,
-                                          logprob_chunk, loss_cfg.needs_entropy)
+                logp, ent = tree_logprobs(
+                    graphdef,
+                    p,
+                    t.tokens,
+                    t.positions,
+                    t.end,
+                    t.slots,
+                    t.targets,
+                    t.blocks,
+                    logprob_chunk,
+                    loss_cfg.needs_entropy,
+                )
             elif isinstance(mb, SharedBatch):
-                logp, ent = shared_batch_logprobs(graphdef, p, mb, logprob_chunk, loss_cfg.needs_entropy,
-                                                  logprob_window)
+                logp, ent = shared_batch_logprobs(
+                    graphdef, p, mb, logprob_chunk, loss_cfg.needs_entropy, logprob_window
+                )
             else:
-                logp, ent = sequence_logprobs(graphdef, p, rows.tokens, rows.attention_mask, logprob_chunk,
-                                              loss_cfg.needs_entropy, logprob_window)
+                logp, ent = sequence_logprobs(
+                    graphdef, p, rows.tokens, rows.attention_mask, logprob_chunk, loss_cfg.needs_entropy, logprob_window
+                )
             if ent is not None and not loss_cfg.entropy_bonus:
                 ent = jax.lax.stop_gradient(ent)
             loss_sum, count, metrics = policy_loss(logp, rows, loss_cfg, lam, ent)
@@ -571,8 +647,9 @@ def train_step_fn(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
             skipped=skipped,
             frozen=state.frozen,
         )
-        metrics.update(grad_norm=grad_norm, skipped=skipped, tokens=m_sum["ratio_mean"][1],
-                       applied=apply.astype(jnp.int32))
+        metrics.update(
+            grad_norm=grad_norm, skipped=skipped, tokens=m_sum["ratio_mean"][1], applied=apply.astype(jnp.int32)
+        )
         return new_state, metrics
 
     return step_fn
@@ -597,11 +674,11 @@ def minibatches(batch: TokenBatch, rows: int, seed: int | None = None) -> Iterat
     pad = n * rows - s
     order = np.concatenate([order, np.full(pad, -1)])
     for i in range(n):
-        idx = order[i * rows:(i + 1) * rows]
+        idx = order[i * rows : (i + 1) * rows]
         real = idx >= 0
         take = np.where(real, idx, 0)
 
-        def pick(x, name):
+        def pick(x, name, take=take, real=real):
             if x is None:  # an optional field left empty (TokenBatch.penalty_mask after the gather)
                 return None
             y = x[take]

@@ -31,7 +31,7 @@ the log-prob window.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -131,13 +131,14 @@ def _pack_block(seqs: Sequence[np.ndarray], lcps: Sequence[int], width: int, win
         packed[-1][0].append(seq[keep:])
         packed[-1][1].append(np.arange(keep, n))
         take = min(n, window + 1)
-        slots[k, -take:] = row * width + path[n - take:]
+        slots[k, -take:] = row * width + path[n - take :]
         prev_path = path
     return packed, slots
 
 
-def pack_tree(tokens: np.ndarray, mask: np.ndarray, width: int, window: int, blocks: int = 1,
-              bucket=None, parts=None) -> TreeBatch:
+def pack_tree(
+    tokens: np.ndarray, mask: np.ndarray, width: int, window: int, blocks: int = 1, bucket=None, parts=None
+) -> TreeBatch:
     """The rows tokens / mask [S, L] (left-padded, in the order to pack: sorted by tokens for the
     most sharing) as prefix trees in packed rows of `width` slots, the log-prob window's last
     `window` columns gathered back. `blocks` must divide S. `bucket(n)`: the packed rows per
@@ -158,12 +159,18 @@ def pack_tree(tokens: np.ndarray, mask: np.ndarray, width: int, window: int, blo
         for j, (toks, depths) in enumerate(packed):
             r = b * rb + j
             t, d = np.concatenate(toks), np.concatenate(depths)
-            out_tok[r, :len(t)] = t
-            out_pos[r, :len(t)] = d
-            out_end[r, :len(t)] = subtree_ends(d, len(t))
-        slots[b * per:(b + 1) * per] = np.maximum(sl, 0)
-    return TreeBatch(tokens=out_tok, positions=out_pos, end=out_end, slots=slots,
-                     targets=tokens[:, length - window - 1:].astype(np.int32), blocks=blocks)
+            out_tok[r, : len(t)] = t
+            out_pos[r, : len(t)] = d
+            out_end[r, : len(t)] = subtree_ends(d, len(t))
+        slots[b * per : (b + 1) * per] = np.maximum(sl, 0)
+    return TreeBatch(
+        tokens=out_tok,
+        positions=out_pos,
+        end=out_end,
+        slots=slots,
+        targets=tokens[:, length - window - 1 :].astype(np.int32),
+        blocks=blocks,
+    )
 
 
 def row_bucket(n: int) -> int:
@@ -172,8 +179,9 @@ def row_bucket(n: int) -> int:
     return smallest_bucket(n, length_buckets(n, smallest=1))
 
 
-def plan_tree(tokens: np.ndarray, mask: np.ndarray, widths: Sequence[int], window: int, blocks: int,
-              pair: float) -> TreeBatch:
+def plan_tree(
+    tokens: np.ndarray, mask: np.ndarray, widths: Sequence[int], window: int, blocks: int, pair: float
+) -> TreeBatch:
     """`pack_tree` at the cheapest of `widths` that holds the longest row (packed rows per block
     padded by `row_bucket`): the fewest slots plus `pair` x dense attention pairs (`pair`:
     packing.pair_cost of the model the plan is for)."""
@@ -185,8 +193,7 @@ def plan_tree(tokens: np.ndarray, mask: np.ndarray, widths: Sequence[int], windo
     parts = _blocks(tokens, mask, blocks)
 
     def cost(width: int) -> float:
-        used = max(1 + max((row for _, row, _, _ in _placements(seqs, lcps, width)), default=0)
-                   for seqs, lcps in parts)
+        used = max(1 + max((row for _, row, _, _ in _placements(seqs, lcps, width)), default=0) for seqs, lcps in parts)
         return plan_cost(dense(blocks * row_bucket(used), width, 0), pair)
 
     best = min(fits, key=cost)
@@ -210,8 +217,9 @@ class TreeRows:
         return self.tree.model_tokens
 
 
-def plan_tree_rows(batch: TokenBatch, widths: Sequence[int], window: int, micro_batches: int, data_parallel: int,
-                   pair: float) -> tuple[TreeRows, np.ndarray]:
+def plan_tree_rows(
+    batch: TokenBatch, widths: Sequence[int], window: int, micro_batches: int, data_parallel: int, pair: float
+) -> tuple[TreeRows, np.ndarray]:
     """(TreeRows, order [S]) for a host TokenBatch [S, L]: `order[p]` is the input row that became
     row p. The rows, sorted by their tokens, are dealt to the k micro-batches and, within each, to
     the data-parallel devices in contiguous runs (neighbours share a tree); each (micro-batch,
@@ -221,8 +229,9 @@ def plan_tree_rows(batch: TokenBatch, widths: Sequence[int], window: int, micro_
     s, length = tokens.shape
     k, dp = int(micro_batches), int(data_parallel)
     if s % (k * dp):
-        raise ValueError(f"plan_tree_rows: rows S={s} must be divisible by micro_batches={k} x "
-                         f"data-parallel devices={dp}")
+        raise ValueError(
+            f"plan_tree_rows: rows S={s} must be divisible by micro_batches={k} x data-parallel devices={dp}"
+        )
     per = s // (k * dp)
     by_tokens = np.asarray(sorted(range(s), key=lambda r: tokens[r][mask[r]].tolist()), np.int64)
     tree = plan_tree(tokens[by_tokens], mask[by_tokens], widths, window, k * dp, pair)
@@ -234,11 +243,19 @@ def plan_tree_rows(batch: TokenBatch, widths: Sequence[int], window: int, micro_
     big_p = np.arange(k * dp * rb)
     jj, u = big_p % k, big_p // k
     big_q = (jj * dp + u // rb) * rb + u % rb
-    tree = TreeBatch(tokens=tree.tokens[big_q], positions=tree.positions[big_q], end=tree.end[big_q],
-                     slots=tree.slots[q], targets=tree.targets[q], blocks=dp)
+    tree = TreeBatch(
+        tokens=tree.tokens[big_q],
+        positions=tree.positions[big_q],
+        end=tree.end[big_q],
+        slots=tree.slots[q],
+        targets=tree.targets[q],
+        blocks=dp,
+    )
     order = by_tokens[q]
     w1 = tree.slots.shape[1]
-    rows = host.replace(**{f: getattr(host, f)[order][:, length - w1:] for f in TOKEN_FIELDS
-                           if getattr(host, f, None) is not None},
-                        row_index=host.row_index[order], row_valid=host.row_valid[order])
+    rows = host.replace(
+        **{f: getattr(host, f)[order][:, length - w1 :] for f in TOKEN_FIELDS if getattr(host, f, None) is not None},
+        row_index=host.row_index[order],
+        row_valid=host.row_valid[order],
+    )
     return TreeRows(tree=tree, rows=rows, micro_batches=k), order

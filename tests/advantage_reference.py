@@ -115,9 +115,11 @@ def strategy_rewards(b, hp):
             k = min(max(k, 1), len(rets))
             top = sorted(rets, reverse=True)[:k]
             lz = hp["strategy_budget"]
-            r = (sum(top) / k / hp["r_succ"]
-                 - hp["c_len"] * max(0.0, float(b["strategy_len"][p, n]) - lz) / lz
-                 - hp["c_fmt"] * float(b["strategy_malformed"][p, n]))
+            r = (
+                sum(top) / k / hp["r_succ"]
+                - hp["c_len"] * max(0.0, float(b["strategy_len"][p, n]) - lz) / lz
+                - hp["c_fmt"] * float(b["strategy_malformed"][p, n])
+            )
             out[(p, n)] = min(1.0, max(-1.0, r))
     return out
 
@@ -197,8 +199,14 @@ def reference_diagnostics(b, a):
     a: [P, N, M, H] step advantages. Undefined ratios are 0, as in strata_jax.diagnostics.
     """
     P, N, M, H = b["step_mask"].shape
-    steps = [(p, n, m, t) for p in range(P) for n in range(N) for m in range(M) for t in range(H)
-             if b["step_mask"][p, n, m, t]]
+    steps = [
+        (p, n, m, t)
+        for p in range(P)
+        for n in range(N)
+        for m in range(M)
+        for t in range(H)
+        if b["step_mask"][p, n, m, t]
+    ]
     nz = sum(abs(a[s]) > 1e-6 for s in steps)
     keys = {}
     for s in steps:

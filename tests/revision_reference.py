@@ -1,6 +1,6 @@
-"""Slow, obviously-correct reference of the issue #15 objectives (test-only), from the formulas in
-docs/CONTRACTS.md ("Strategy revision and trained self-judgment"), with Python loops in float64.
-Shares no code with strata_jax. `b`: dict of numpy arrays with the TrajectoryBatch field names."""
+"""Slow, obviously-correct reference of the revision and judgment objectives (test-only), from the
+formulas in docs/CONTRACTS.md ("Strategy revision and trained self-judgment"), with Python loops in
+float64. Shares no code with strata_jax. `b`: dict of numpy arrays with the TrajectoryBatch field names."""
 
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ def revision_reference(b, r_succ=10.0, c_len=0.1, c_fmt=0.1, budget=64.0):
                     if not (b["revision_mask"][p, n, m, r] and _in_batch(b, p, n, m)):
                         continue
                     length = float(b["revision_len"][p, n, m, r])
-                    x = (float(b["episode_return"][p, n, m]) / r_succ
-                         - c_len * max(0.0, length - budget) / budget
-                         - c_fmt * float(b["revision_malformed"][p, n, m, r]))
+                    x = (
+                        float(b["episode_return"][p, n, m]) / r_succ
+                        - c_len * max(0.0, length - budget) / budget
+                        - c_fmt * float(b["revision_malformed"][p, n, m, r])
+                    )
                     members.append((n, m))
                     rewards.append(min(1.0, max(-1.0, x)))
             for (n, m), a in zip(members, _norm(rewards)):
@@ -66,8 +68,11 @@ def judge_reference(b):
                     elif not labelled:
                         x = 0.0
                     else:
-                        right = sum(1 for t in labelled
-                                    if bool(b["judge_sets"][p, n, m, j, t]) == (b["step_label"][p, n, m, t] < 0))
+                        right = sum(
+                            1
+                            for t in labelled
+                            if bool(b["judge_sets"][p, n, m, j, t]) == (b["step_label"][p, n, m, t] < 0)
+                        )
                         x = right / len(labelled)
                     js.append(j)
                     rewards.append(x)

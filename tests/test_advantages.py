@@ -2,12 +2,12 @@
 
 import math
 
-import numpy as np
-import pytest
-from hypothesis import example, given, settings, strategies as st
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from strata_jax.advantages import ALGOS, AdvantageParams, compute_advantages, stack_params
 from strata_jax.advantages.gigpo import discounted_returns, step_rewards
@@ -20,15 +20,25 @@ R3 = 1 / math.sqrt(3)
 
 # ---------------------------------------------------------------- batch helpers
 
+
 def blank(P, N, M, H):
     """All-padding numpy batch dict; tests fill in what they need."""
     z = lambda *s, dt=bool: np.zeros(s, dt)  # noqa: E731
     return dict(
-        step_mask=z(P, N, M, H), won=z(P, N, M), episode_return=z(P, N, M, dt=np.float32),
-        env_reward=z(P, N, M, H, dt=np.float32), invalid=z(P, N, M, H), milestone=z(P, N, M, H),
-        judged_bad=z(P, N, M, H), anchor_id=np.full((P, N, M, H), -1, np.int64),
-        action_id=np.full((P, N, M, H), -1, np.int64), strategy_mask=np.ones((P, N), bool),
-        strategy_len=z(P, N, dt=np.int32), strategy_malformed=z(P, N), horizon=np.full(P, 3, np.int32))
+        step_mask=z(P, N, M, H),
+        won=z(P, N, M),
+        episode_return=z(P, N, M, dt=np.float32),
+        env_reward=z(P, N, M, H, dt=np.float32),
+        invalid=z(P, N, M, H),
+        milestone=z(P, N, M, H),
+        judged_bad=z(P, N, M, H),
+        anchor_id=np.full((P, N, M, H), -1, np.int64),
+        action_id=np.full((P, N, M, H), -1, np.int64),
+        strategy_mask=np.ones((P, N), bool),
+        strategy_len=z(P, N, dt=np.int32),
+        strategy_malformed=z(P, N),
+        horizon=np.full(P, 3, np.int32),
+    )
 
 
 def set_lengths(d, lengths):
@@ -72,6 +82,7 @@ def random_batch(rng, P, N, M, H, p_empty=0.15):
 
 
 # ---------------------------------------------------------------- hand-computed cases
+
 
 def test_grpo_hand_padding_singleton_invalid():
     d = blank(2, 1, 3, 4)
@@ -245,6 +256,7 @@ def test_invalid_penalty_on_invalid_steps_only(algo):
 
 # ---------------------------------------------------------------- errors
 
+
 def test_unknown_algo_and_bad_switches_raise():
     b = TrajectoryBatch.from_numpy(**set_lengths(blank(1, 1, 2, 2), [[[1, 2]]]))
     with pytest.raises(ValueError, match="allowed.*grpo"):
@@ -263,8 +275,20 @@ def test_unknown_algo_and_bad_switches_raise():
 
 def test_defaults_match_algorithms_md():
     p = AdvantageParams()
-    want = dict(delta=0.5, kappa=0.1, gamma=0.95, beacon_gamma=0.9, lam_strategy=0.5, lam_seg=1.0,
-                omega=1.0, invalid_penalty=0.1, r_succ=10.0, r_ms=10.0, c_len=0.1, c_fmt=0.1)
+    want = dict(
+        delta=0.5,
+        kappa=0.1,
+        gamma=0.95,
+        beacon_gamma=0.9,
+        lam_strategy=0.5,
+        lam_seg=1.0,
+        omega=1.0,
+        invalid_penalty=0.1,
+        r_succ=10.0,
+        r_ms=10.0,
+        c_len=0.1,
+        c_fmt=0.1,
+    )
     for k, v in want.items():
         assert np.float32(getattr(p, k)) == np.float32(v), k
     assert (p.stats_over_steps, p.gigpo_norm, p.seg_norm) == (False, "std", "mean")
@@ -281,15 +305,31 @@ def _hp(delta, gamma, kappa, lam):
     # tied (a 1-ulp f32 gap over the 1e-6 epsilon would otherwise differ from float64). Dyadic
     # gamma does the same for GiGPO's returns: with gamma = 0.95, 0.5 + 0.95 * 10 is exactly 10 in
     # f32 but 10 - 1.2e-7 in float64 from f32(0.95), a tie to one side and +-0.055 to the other.
-    return AdvantageParams(delta=delta, gamma=gamma, beacon_gamma=gamma * 0.9, kappa=kappa,
-                           lam_seg=lam, omega=lam, lam_strategy=lam, r_succ=8.0, r_ms=8.0,
-                           c_len=0.125, c_fmt=0.125)
+    return AdvantageParams(
+        delta=delta,
+        gamma=gamma,
+        beacon_gamma=gamma * 0.9,
+        kappa=kappa,
+        lam_seg=lam,
+        omega=lam,
+        lam_strategy=lam,
+        r_succ=8.0,
+        r_ms=8.0,
+        c_len=0.125,
+        c_fmt=0.125,
+    )
 
 
 @settings(deadline=None, max_examples=40)
-@given(seed=st.integers(0, 2**31 - 1), shape=st.sampled_from(SHAPES), algo=st.sampled_from(ALGOS),
-       delta=st.sampled_from([0.25, 0.5, 0.75, 1.0]), gamma=st.sampled_from([0.5, 0.75, 0.875]),
-       kappa=st.sampled_from([0.0, 0.1, 0.3]), lam=st.sampled_from([0.5, 1.0, 2.0]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    shape=st.sampled_from(SHAPES),
+    algo=st.sampled_from(ALGOS),
+    delta=st.sampled_from([0.25, 0.5, 0.75, 1.0]),
+    gamma=st.sampled_from([0.5, 0.75, 0.875]),
+    kappa=st.sampled_from([0.0, 0.1, 0.3]),
+    lam=st.sampled_from([0.5, 1.0, 2.0]),
+)
 # Two strategies whose rewards tie in exact arithmetic, 11/3/8 and 14/3/8 - 1/8, one float32 ulp
 # apart: they got +-0.0146 before groups.TIE (CI found it).
 @example(seed=206443, shape=(3, 2, 3, 6), algo="strata", delta=0.75, gamma=0.5, kappa=0.0, lam=0.5)
@@ -303,10 +343,18 @@ def test_matches_reference(seed, shape, algo, delta, gamma, kappa, lam):
 
 
 @settings(deadline=None, max_examples=25)
-@given(seed=st.integers(0, 2**31 - 1),
-       switch=st.sampled_from([("grpo", dict(stats_over_steps=True)), ("gigpo", dict(stats_over_steps=True)),
-                               ("gigpo", dict(gigpo_norm="mean")), ("beacon", dict(seg_norm="std")),
-                               ("strata+beacon", dict(seg_norm="std"))]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    switch=st.sampled_from(
+        [
+            ("grpo", dict(stats_over_steps=True)),
+            ("gigpo", dict(stats_over_steps=True)),
+            ("gigpo", dict(gigpo_norm="mean")),
+            ("beacon", dict(seg_norm="std")),
+            ("strata+beacon", dict(seg_norm="std")),
+        ]
+    ),
+)
 def test_switches_match_reference(seed, switch):
     algo, kw = switch
     d = random_batch(np.random.default_rng(seed), 2, 2, 4, 4)
@@ -348,11 +396,22 @@ def test_invariant_to_extra_padding_and_permutation(seed, algo):
 
 # ---------------------------------------------------------------- vmap and tracing
 
+
 def _grid(n):
     vals = np.linspace(0.1, 0.9, n)
-    return [AdvantageParams(delta=float(v), kappa=float(v) / 2, gamma=float(v), beacon_gamma=1 - float(v),
-                            omega=2 * float(v), lam_seg=3 * float(v), lam_strategy=float(v),
-                            invalid_penalty=float(v) / 3) for v in vals]
+    return [
+        AdvantageParams(
+            delta=float(v),
+            kappa=float(v) / 2,
+            gamma=float(v),
+            beacon_gamma=1 - float(v),
+            omega=2 * float(v),
+            lam_seg=3 * float(v),
+            lam_strategy=float(v),
+            invalid_penalty=float(v) / 3,
+        )
+        for v in vals
+    ]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -404,6 +463,7 @@ def test_no_retrace_per_value():
 
 # ---------------------------------------------------------------- group helpers
 
+
 def _same_partition(ids, keys, valid):
     """ids induce exactly the partition of valid elements by key tuple (numpy check)."""
     tuples = list(zip(*[k[valid] for k in keys]))
@@ -418,18 +478,19 @@ def _same_partition(ids, keys, valid):
 def test_dense_ids_partition(seed, spread):
     """Small ids take the no-sort digit path, huge (not from_numpy) ids the ranking path."""
     from strata_jax.advantages.groups import dense_ids
+
     rng = np.random.default_rng(seed)
     keys = [rng.integers(0, 3, 40), rng.integers(-spread, spread, 40), rng.integers(0, spread, 40)]
     valid = rng.random(40) < 0.8
     ids_fn = jax.jit(dense_ids, static_argnums=2)
-    ids = np.asarray(ids_fn(tuple(jnp.asarray(k, jnp.int32) for k in keys), jnp.asarray(valid),
-                            (3, None, None)))
+    ids = np.asarray(ids_fn(tuple(jnp.asarray(k, jnp.int32) for k in keys), jnp.asarray(valid), (3, None, None)))
     assert ids.min() >= 0 and ids.max() < 40
     _same_partition(ids, keys, valid)
 
 
 def test_dense_ids_large_uses_lexsort_correctly():
     from strata_jax.advantages.groups import dense_ids
+
     rng = np.random.default_rng(0)
     t = 46341  # t * t overflows int32: the lexsort path
     a, b = rng.integers(0, 50, t), rng.integers(0, 7, t)
@@ -442,6 +503,7 @@ def test_dense_ids_large_uses_lexsort_correctly():
 def test_normalize_rows_matches_loops():
     """Each of the G columns is normalised on its own within the groups (the grid-last layout)."""
     from strata_jax.advantages.groups import group_by, normalize_rows
+
     rng = np.random.default_rng(5)
     g = rng.integers(0, 6, 60)
     x = rng.integers(0, 5, (60, 3)).astype(np.float32) * np.array([1.5, -0.25, 4.0], np.float32)
@@ -468,6 +530,7 @@ def test_rounding_ties_normalise_to_zero_and_real_spreads_do_not():
     tie: 0, as a constant group, in both normalisations. A spread of 1e-5 relative, well above
     rounding, is normalised as usual (+-0.707 for two members)."""
     from strata_jax.advantages.groups import axis_normalize, group_by, normalize_rows
+
     a = np.float32(11.0) / np.float32(3.0) / np.float32(8.0)
     b = np.float32(14.0) / np.float32(3.0) / np.float32(8.0) - np.float32(0.125)
     assert a != b  # the premise: one ulp apart
@@ -490,12 +553,16 @@ def test_ids_need_not_come_from_from_numpy(algo):
     d = random_batch(np.random.default_rng(8), 2, 2, 4, 4)
     b = TrajectoryBatch.from_numpy(**d)
     sparse = b.replace(anchor_id=jnp.where(b.anchor_id >= 0, b.anchor_id * 99991 + 12345, -1))
-    np.testing.assert_allclose(np.asarray(compute_advantages(sparse, AdvantageParams(), algo).step),
-                               np.asarray(compute_advantages(b, AdvantageParams(), algo).step), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(compute_advantages(sparse, AdvantageParams(), algo).step),
+        np.asarray(compute_advantages(b, AdvantageParams(), algo).step),
+        atol=1e-6,
+    )
 
 
 def test_beacon_shaping_rewards_hand():
     from strata_jax.advantages.beacon import segments, shaping_rewards
+
     d = blank(1, 1, 1, 6)
     _beacon_traj(d, 0, 0, 0, 5, [1, 3], 0)
     d["milestone"][0, 0, 0, 5] = True  # padded step: ignored

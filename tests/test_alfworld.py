@@ -61,15 +61,17 @@ def test_hand_written_win_with_fact_milestones(seen):
     assert info["horizon"] == 4 and info["milestones_total"] == 2 and info["won"] is False
     assert "go to bed 1" in info["admissible_commands"]
     script = [  # (command, observation, milestone) read off the game by hand
-        ("go to bed 1", "You arrive at loc 8. On the bed 1, you see a book 2, a book 1, a cellphone 2, "
-         "and a pillow 1.", None),
+        (
+            "go to bed 1",
+            "You arrive at loc 8. On the bed 1, you see a book 2, a book 1, a cellphone 2, and a pillow 1.",
+            None,
+        ),
         ("take book 1 from bed 1", "You pick up the book 1 from the bed 1.", "holds book 1"),
         ("take book 2 from bed 1", "Nothing happens.", None),  # hands full
         ("", "Nothing happens.", None),
         ("go to sidetable 2", "You arrive at loc 2. On the sidetable 2, you see nothing.", None),
         ("go to sidetable 1", "You arrive at loc 10. On the sidetable 1, you see nothing.", None),
-        ("put book 1 in/on sidetable 1", "You put the book 1 in/on the sidetable 1.",
-         "1 book in sidetable"),
+        ("put book 1 in/on sidetable 1", "You put the book 1 in/on the sidetable 1.", "1 book in sidetable"),
     ]
     for i, (action, want, milestone) in enumerate(script):
         obs, reward, term, trunc, info = seen.step(action)
@@ -105,8 +107,12 @@ def test_heat_task_fact_milestones(seen):
 def test_lamp_task_fact_milestones(seen):
     _, info = seen.reset(seed=seed_of(seen, LAMP))
     assert info["milestones_total"] == 2
-    got = [i["milestone_name"] for *_, i in play(seen, [
-        "go to dresser 1", "take alarmclock 1 from dresser 1", "go to desk 1", "use desklamp 1"])]
+    got = [
+        i["milestone_name"]
+        for *_, i in play(
+            seen, ["go to dresser 1", "take alarmclock 1 from dresser 1", "go to desk 1", "use desklamp 1"]
+        )
+    ]
     assert got == [None, "holds alarmclock 1", None, "istoggled desklamp 1"]
     assert seen.won
 
@@ -115,18 +121,40 @@ def test_expert_plan_milestones_exact_in_order(alf_data):
     env = AlfWorldEnv(alf_data, split="valid_seen", milestones="expert_plan")
     _, info = env.reset(seed=seed_of(env, BOOK))
     assert info["milestones_total"] == 4  # GotoLocation bed, Pickup book, Goto sidetable, Put
-    actions = ["go to sidetable 1", "go to bed 1", "take book 2 from bed 1", "go to drawer 1",
-               "open drawer 1", "go to sidetable 2", "put book 2 in/on sidetable 2"]
+    actions = [
+        "go to sidetable 1",
+        "go to bed 1",
+        "take book 2 from bed 1",
+        "go to drawer 1",
+        "open drawer 1",
+        "go to sidetable 2",
+        "put book 2 in/on sidetable 2",
+    ]
     got = [i["milestone_name"] for *_, i in play(env, actions)]
-    assert got == [None,  # out of order: the plan starts at the bed
-                   "plan step 1: GotoLocation bed", "plan step 2: PickupObject book", None, None,
-                   "plan step 3: GotoLocation sidetable", "plan step 4: PutObject book sidetable"]
+    assert got == [
+        None,  # out of order: the plan starts at the bed
+        "plan step 1: GotoLocation bed",
+        "plan step 2: PickupObject book",
+        None,
+        None,
+        "plan step 3: GotoLocation sidetable",
+        "plan step 4: PutObject book sidetable",
+    ]
     _, info = env.reset(seed=seed_of(env, LAMP))  # "GotoLocation desklamp": where a desklamp is
-    got = [i["milestone_name"] for *_, i in play(env, [
-        "go to dresser 1", "take alarmclock 1 from dresser 1", "go to bed 1", "go to desk 1",
-        "use desklamp 1"])]
-    assert got == ["plan step 1: GotoLocation dresser", "plan step 2: PickupObject alarmclock", None,
-                   "plan step 3: GotoLocation desklamp", "plan step 4: ToggleObject desklamp"]
+    got = [
+        i["milestone_name"]
+        for *_, i in play(
+            env,
+            ["go to dresser 1", "take alarmclock 1 from dresser 1", "go to bed 1", "go to desk 1", "use desklamp 1"],
+        )
+    ]
+    assert got == [
+        "plan step 1: GotoLocation dresser",
+        "plan step 2: PickupObject alarmclock",
+        None,
+        "plan step 3: GotoLocation desklamp",
+        "plan step 4: ToggleObject desklamp",
+    ]
 
 
 def test_normalise_action():
@@ -141,8 +169,15 @@ def test_unseen_games_reset_and_step(alf_data):
     for seed in (0, 50, 133):
         obs, info = env.reset(seed=seed)
         assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
-        assert set(info) >= {"task", "admissible_commands", "task_type", "horizon", "task_id", "won",
-                             "milestones_total"}
+        assert set(info) >= {
+            "task",
+            "admissible_commands",
+            "task_type",
+            "horizon",
+            "task_id",
+            "won",
+            "milestones_total",
+        }
         traj = json.loads((alf_data / "json_2.1.1" / info["task_id"] / "traj_data.json").read_text())
         assert info["horizon"] == len(traj["high_level_plan"]) and info["horizon"] in (4, 6, 8)
         assert info["task_type"] == traj["task_type"] and info["milestones_total"] >= 2
@@ -185,8 +220,9 @@ def test_same_text_as_stock_textworld(alf_data):
             rows.append([obs, info["admissible_commands"], info["won"]])
         jobs.append([info_gamefile(alf_data, env), actions])
         ours.append(rows)
-    proc = subprocess.run([sys.executable, "-c", STOCK], input=json.dumps(jobs), text=True,
-                          capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", STOCK], input=json.dumps(jobs), text=True, capture_output=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == ours
 

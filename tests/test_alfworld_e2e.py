@@ -30,7 +30,6 @@ import time
 import numpy as np
 import pytest
 
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
 P, N, M, H = 2, 2, 2, 5
 TRAIN_SPLIT, EVAL_SPLIT = "valid_seen", "valid_unseen"
@@ -38,16 +37,32 @@ TRAIN_SPLIT, EVAL_SPLIT = "valid_seen", "valid_unseen"
 # 1 iteration, 2 games x 2 strategies x 2 trajectories x 5 steps; the tiny model shrunk further and
 # SFT'd for 3 steps (enough to exercise the path, not to play well).
 RUN = [
-    "--config.iterations=1", "--config.algo.tasks_per_iter=2", "--config.algo.num_strategies=2",
-    "--config.algo.traj_per_strategy=2", "--config.algo.oversample=2", f"--config.env.max_steps={H}",
-    f"--config.env.split={TRAIN_SPLIT}", f"--config.env.eval_split={EVAL_SPLIT}",
-    "--config.eval.num_tasks=2", "--config.eval.every=1", "--config.eval.greedy=False",
-    "--config.checkpoint.every=1", "--config.train.mini_batch_rows=64",
+    "--config.iterations=1",
+    "--config.algo.tasks_per_iter=2",
+    "--config.algo.num_strategies=2",
+    "--config.algo.traj_per_strategy=2",
+    "--config.algo.oversample=2",
+    f"--config.env.max_steps={H}",
+    f"--config.env.split={TRAIN_SPLIT}",
+    f"--config.env.eval_split={EVAL_SPLIT}",
+    "--config.eval.num_tasks=2",
+    "--config.eval.every=1",
+    "--config.eval.greedy=False",
+    "--config.checkpoint.every=1",
+    "--config.train.mini_batch_rows=64",
     "--config.sampling.max_strategy_tokens=16",
-    "--config.sampling.max_judge_tokens=8", "--config.log.progress=False", "--config.log.plots_every=0",
-    "--config.model.tiny_hidden=32", "--config.model.tiny_layers=1", "--config.model.tiny_heads=2",
-    "--config.model.tiny_kv_heads=1", "--config.model.tiny_intermediate=64", "--config.model.tiny_vocab=1024",
-    "--config.sft.steps=3", "--config.sft.num_tasks=8", "--config.sft.batch_rows=8",
+    "--config.sampling.max_judge_tokens=8",
+    "--config.log.progress=False",
+    "--config.log.plots_every=0",
+    "--config.model.tiny_hidden=32",
+    "--config.model.tiny_layers=1",
+    "--config.model.tiny_heads=2",
+    "--config.model.tiny_kv_heads=1",
+    "--config.model.tiny_intermediate=64",
+    "--config.model.tiny_vocab=1024",
+    "--config.sft.steps=3",
+    "--config.sft.num_tasks=8",
+    "--config.sft.batch_rows=8",
 ]
 
 # Runs launch.py as `python launch.py ...` would, with `collect` wrapped to log its texts.
@@ -106,8 +121,11 @@ def dense(hashes: np.ndarray) -> np.ndarray:
     return out
 
 
-TRANSFORM = {"pick_heat_then_place_in_recep": "ishot", "pick_cool_then_place_in_recep": "iscool",
-             "pick_clean_then_place_in_recep": "isclean"}
+TRANSFORM = {
+    "pick_heat_then_place_in_recep": "ishot",
+    "pick_cool_then_place_in_recep": "iscool",
+    "pick_clean_then_place_in_recep": "isclean",
+}
 
 
 class GoalProgress:
@@ -120,10 +138,14 @@ class GoalProgress:
 
     def __init__(self, traj: dict, facts):
         p, ttype = traj["pddl_params"], traj["task_type"]
-        typ = {f.arguments[0].name: f.arguments[1].name.lower().removesuffix("type")
-               for f in facts if f.name in ("objecttype", "receptacletype")}
+        typ = {
+            f.arguments[0].name: f.arguments[1].name.lower().removesuffix("type")
+            for f in facts
+            if f.name in ("objecttype", "receptacletype")
+        }
         of = lambda t: {o for o, v in typ.items() if t and v == t.lower()}  # noqa: E731
-        self.targets, self.parents, self.toggles = of(p["object_target"]), of(p["parent_target"]), of(p["toggle_target"])
+        self.targets, self.parents = of(p["object_target"]), of(p["parent_target"])
+        self.toggles = of(p["toggle_target"])
         assert self.targets, f"no object of type {p['object_target']} in the game"
         self.need = 2 if ttype == "pick_two_obj_and_place" else 1
         self.transform, self.sliced = TRANSFORM.get(ttype), bool(p["object_sliced"])
@@ -135,14 +157,19 @@ class GoalProgress:
         for f in facts:
             rel[f.name].add(tuple(a.name for a in f.arguments))
         self.ever_held |= {o for _, o in rel["holds"] if o in self.targets}
-        ok = {o for o in self.targets if (not self.transform or (o,) in rel[self.transform])
-              and (not self.sliced or (o,) in rel["issliced"])}
+        ok = {
+            o
+            for o in self.targets
+            if (not self.transform or (o,) in rel[self.transform]) and (not self.sliced or (o,) in rel["issliced"])
+        }
         placed = sum(1 for o, r in rel["inreceptacle"] if o in ok and r in self.parents)
-        return (min(len(self.ever_held), self.need),
-                int(bool(self.transform) and any((o,) in rel[self.transform] for o in self.targets)),
-                int(self.sliced and any((o,) in rel["issliced"] for o in self.targets)),
-                int(any((o,) in rel["istoggled"] for o in self.toggles)),
-                min(placed, self.need) if self.parents else 0)
+        return (
+            min(len(self.ever_held), self.need),
+            int(bool(self.transform) and any((o,) in rel[self.transform] for o in self.targets)),
+            int(self.sliced and any((o,) in rel["issliced"] for o in self.targets)),
+            int(any((o,) in rel["istoggled"] for o in self.toggles)),
+            min(placed, self.need) if self.parents else 0,
+        )
 
     def step(self, facts) -> bool:
         now = self._progress(facts)
@@ -151,8 +178,9 @@ class GoalProgress:
         return grew
 
 
-def replay(data: pathlib.Path, split: str, tasks: list[int], trajectories: list[dict], batch: dict | None,
-           h: int) -> dict:
+def replay(
+    data: pathlib.Path, split: str, tasks: list[int], trajectories: list[dict], batch: dict | None, h: int
+) -> dict:
     """Replay every logged trajectory in a fresh AlfWorldEnv; compare with `batch` (if given).
 
     Returns counts (steps, milestones, wins, invalid, crashed) so callers can check the replay was
@@ -221,11 +249,19 @@ def e2e(alf_data, tmp_path_factory):
     driver.write_text(TAP.format(repo=str(REPO), out=str(tap_log), launch=str(REPO / "launch.py")))
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the CLI runs on the plain CPU device, as a user would
-    args = ["train", "--config", str(REPO / "configs" / "tiny_alfworld.py"),
-            f"--config.env.data_dir={alf_data}", *RUN, "--workdir", str(work)]
+    args = [
+        "train",
+        "--config",
+        str(REPO / "configs" / "tiny_alfworld.py"),
+        f"--config.env.data_dir={alf_data}",
+        *RUN,
+        "--workdir",
+        str(work),
+    ]
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, str(driver), *args], capture_output=True, text=True, cwd=REPO,
-                       timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, str(driver), *args], capture_output=True, text=True, cwd=REPO, timeout=600, env=env
+    )
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         raise AssertionError(f"launch.py {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-4000:]}")
@@ -247,6 +283,7 @@ def train_call(e2e) -> dict:
 # 1. launch.py on real games
 
 
+@pytest.mark.slow
 def test_e2e_batch_shapes_and_no_lost_trajectory(e2e):
     b, row = e2e["batch"], e2e["rows"][-1]
     for k in ("step_mask", "env_reward", "invalid", "milestone", "judged_bad", "anchor_id", "action_id"):
@@ -288,6 +325,7 @@ def test_e2e_batch_shapes_and_no_lost_trajectory(e2e):
     assert np.isfinite(row["update/grad_norm"]) and row["update/skipped_total"] == 0
 
 
+@pytest.mark.slow
 def test_e2e_horizon_is_the_expert_plan_length(e2e, alf_data):
     b, call = e2e["batch"], train_call(e2e)
     games = list_split(alf_data, TRAIN_SPLIT)
@@ -298,6 +336,7 @@ def test_e2e_horizon_is_the_expert_plan_length(e2e, alf_data):
     assert b["horizon"].tolist() == want and all(h in (4, 6, 8) for h in want)
 
 
+@pytest.mark.slow
 def test_e2e_replay_matches_batch(e2e, alf_data):
     """Every logged command replayed in a fresh env: observations, ids, flags and milestones agree."""
     call = train_call(e2e)
@@ -306,11 +345,16 @@ def test_e2e_replay_matches_batch(e2e, alf_data):
     # a step judged bad is named (1-based) inside the judge's <bad_steps> answer of its trajectory
     for tr in call["texts"]["trajectories"]:
         flagged = np.flatnonzero(e2e["batch"]["judged_bad"][tuple(tr["key"])]) + 1
-        named = {int(x) for x in re.findall(r"\d+", (re.findall(r"<bad_steps>(.*?)</bad_steps>", tr["judge"] or "",
-                                                                   re.I | re.S) or [""])[0])}
+        named = {
+            int(x)
+            for x in re.findall(
+                r"\d+", (re.findall(r"<bad_steps>(.*?)</bad_steps>", tr["judge"] or "", re.I | re.S) or [""])[0]
+            )
+        }
         assert set(flagged.tolist()) <= named, (tr["key"], tr["judge"])
 
 
+@pytest.mark.slow
 def test_e2e_metrics_rows_and_eval_split(e2e, alf_data):
     rows = e2e["rows"]
     assert [r["iteration"] for r in rows] == [0, 1]  # 0 = the starting model's evaluation
@@ -335,14 +379,32 @@ BOOK = "pick_and_place_simple-Book-None-SideTable-329"  # book on bed 1 -> a sid
 LAMP = "look_at_obj_in_light-AlarmClock-None-DeskLamp-323"  # alarmclock on dresser 1, desklamp on desk 1
 SCRIPTS = {  # (task p, strategy n, trajectory m) -> the model outputs, one per step
     (0, 0, 0): ["go to bed 1", "take book 1 from bed 1", "go to sidetable 1", "put book 1 in/on sidetable 1"],
-    (0, 0, 1): ["go to bed 1", "<no action here>", "take book 2 from bed 1", "take book 1 from bed 1",
-                "go to sidetable 2", "put book 2 in/on sidetable 2"],
-    (0, 1, 0): ["go to sidetable 1", "go to bed 1", "take book 2 from bed 1", "go to drawer 1", "open drawer 1",
-                "look"],
+    (0, 0, 1): [
+        "go to bed 1",
+        "<no action here>",
+        "take book 2 from bed 1",
+        "take book 1 from bed 1",
+        "go to sidetable 2",
+        "put book 2 in/on sidetable 2",
+    ],
+    (0, 1, 0): [
+        "go to sidetable 1",
+        "go to bed 1",
+        "take book 2 from bed 1",
+        "go to drawer 1",
+        "open drawer 1",
+        "look",
+    ],
     (0, 1, 1): ["go to bed 1", "take moon 1 from sky 1", "take book 1 from bed 1", "CRASH"],
     (1, 0, 0): ["go to dresser 1", "take alarmclock 1 from dresser 1", "go to desk 1", "use desklamp 1"],
-    (1, 0, 1): ["go to desk 1", "use desklamp 1", "go to dresser 1", "take alarmclock 1 from dresser 1",
-                "go to desk 1", "use desklamp 1"],
+    (1, 0, 1): [
+        "go to desk 1",
+        "use desklamp 1",
+        "go to dresser 1",
+        "take alarmclock 1 from dresser 1",
+        "go to desk 1",
+        "use desklamp 1",
+    ],
     (1, 1, 0): ["inventory", "", "go to dresser 1", "examine dresser 1", "take alarmclock 1 from dresser 1", "look"],
     (1, 1, 1): ["go to bed 1", "go to desk 1", "go to dresser 1", "go to desk 1", "go to dresser 1", "look"],
 }
@@ -374,8 +436,12 @@ def test_scripted_rollout_on_real_games_replays(alf_data):
     games = list_split(alf_data, TRAIN_SPLIT)
     tasks = [games.index(next(g for g in games if f"/{name}/" in g + "/")) for name in (BOOK, LAMP)]
     crash_e = ((0 * N) + 1) * M + 1  # (p, n, m) = (0, 1, 1)
-    envs = [CrashOnCue(alf_data, split=TRAIN_SPLIT, max_steps=h) if e == crash_e
-            else AlfWorldEnv(alf_data, split=TRAIN_SPLIT, max_steps=h) for e in range(P * N * M)]
+    envs = [
+        CrashOnCue(alf_data, split=TRAIN_SPLIT, max_steps=h)
+        if e == crash_e
+        else AlfWorldEnv(alf_data, split=TRAIN_SPLIT, max_steps=h)
+        for e in range(P * N * M)
+    ]
     orig_step = envs[crash_e].step
 
     def step_listing_crash(action):  # make "crash" parse as admissible for this env only
@@ -384,12 +450,34 @@ def test_scripted_rollout_on_real_games_replays(alf_data):
         return out
 
     envs[crash_e].step = step_listing_crash
-    cfg = RolloutConfig(mode="strata", num_strategies=N, traj_per_strategy=M, oversample=2, diverse=True,
-                        judgment=True, max_steps=h, length_buckets=None, row_multiple=8, progress=False)
+    cfg = RolloutConfig(
+        mode="strata",
+        num_strategies=N,
+        traj_per_strategy=M,
+        oversample=2,
+        diverse=True,
+        judgment=True,
+        max_steps=h,
+        length_buckets=None,
+        row_multiple=8,
+        progress=False,
+    )
     res = collect(envs, ScriptedPolicy(script), tasks, cfg)
-    b = {f: np.asarray(getattr(res.traj, f)) for f in ("step_mask", "won", "episode_return", "invalid",
-                                                        "milestone", "judged_bad", "anchor_id", "action_id",
-                                                        "strategy_mask", "horizon")}
+    b = {
+        f: np.asarray(getattr(res.traj, f))
+        for f in (
+            "step_mask",
+            "won",
+            "episode_return",
+            "invalid",
+            "milestone",
+            "judged_bad",
+            "anchor_id",
+            "action_id",
+            "strategy_mask",
+            "horizon",
+        )
+    }
     assert b["step_mask"].shape == (P, N, M, h)
     assert b["horizon"].tolist() == [len(traj_data(alf_data, games[t])["high_level_plan"]) for t in tasks] == [4, 4]
 

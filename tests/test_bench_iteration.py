@@ -29,20 +29,30 @@ def test_with_thoughts_widens_only_the_action_responses():
     loss[2, 5:] = True  # a judgment row (t = H = 3)
     old = np.where(loss, -1.0, 0.0).astype(np.float32)
     zeros = np.zeros(tok.shape, np.float32)
-    tb = TokenBatch(tokens=tok, attention_mask=mask, loss_mask=loss, old_logp=old, ref_logp=zeros, advantage=zeros,
-                    row_index=np.array([[0, 0, 0, 0], [0, 0, 0, -1], [0, 0, 0, 3], [0, 0, 0, 0]], np.int32),
-                    row_valid=np.array([True, True, True, False]))
+    tb = TokenBatch(
+        tokens=tok,
+        attention_mask=mask,
+        loss_mask=loss,
+        old_logp=old,
+        ref_logp=zeros,
+        advantage=zeros,
+        row_index=np.array([[0, 0, 0, 0], [0, 0, 0, -1], [0, 0, 0, 3], [0, 0, 0, 0]], np.int32),
+        row_valid=np.array([True, True, True, False]),
+    )
     w = bench.with_thoughts(tb, 2, 3, 100, seed=0)
     think = w.tokens[0, 4:6]
     assert (think >= 1).all() and (think < 100).all()
-    np.testing.assert_array_equal(w.tokens, [[0, 0, 5, 6, *think, 7, 8], [0, 0, 0, 9, 9, 9, 3, 4],
-                                             [0, 0, 0, 0, 0, 1, 2, 3], [0] * 8])
+    np.testing.assert_array_equal(
+        w.tokens, [[0, 0, 5, 6, *think, 7, 8], [0, 0, 0, 9, 9, 9, 3, 4], [0, 0, 0, 0, 0, 1, 2, 3], [0] * 8]
+    )
     np.testing.assert_array_equal(w.attention_mask, w.tokens > 0)
-    np.testing.assert_array_equal(w.loss_mask, [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1],
-                                                [0, 0, 0, 0, 0, 0, 0, 1], [0] * 8])
+    np.testing.assert_array_equal(
+        w.loss_mask, [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0, 0, 1], [0] * 8]
+    )
     # the thought's old log-probs are 0 (the scoring recomputes them); the response's keep theirs
-    np.testing.assert_array_equal(w.old_logp, [[0, 0, 0, 0, 0, 0, -1, -1], [0, 0, 0, 0, 0, 0, -1, -1],
-                                               [0, 0, 0, 0, 0, 0, 0, -1], [0] * 8])
+    np.testing.assert_array_equal(
+        w.old_logp, [[0, 0, 0, 0, 0, 0, -1, -1], [0, 0, 0, 0, 0, 0, -1, -1], [0, 0, 0, 0, 0, 0, 0, -1], [0] * 8]
+    )
     np.testing.assert_array_equal(w.row_index, tb.row_index)
 
 
@@ -68,5 +78,6 @@ def test_saved_counts_model_the_same_again():
     assert back["strata"]["env_steps"] == 10.0
     for phase in ("actions", "update"):
         assert back["strata"]["work"][phase] == out["strata"]["work"][phase]
-    assert bench.modelled(back["strata"]["work"], "qwen2.5-7b", 8) == bench.modelled(out["strata"]["work"],
-                                                                                    "qwen2.5-7b", 8)
+    assert bench.modelled(back["strata"]["work"], "qwen2.5-7b", 8) == bench.modelled(
+        out["strata"]["work"], "qwen2.5-7b", 8
+    )

@@ -30,8 +30,11 @@ def test_round_trip_across_meshes(tmp_path):
     mesh8 = sh.make_mesh({"fsdp": 2, "tensor": 4})
     state, _, opt = _state(mesh8, seed=1)
     # make the optimiser state non-trivial so a wrong leaf mapping would show
-    state = jax.jit(lambda s: s.replace(opt_state=jax.tree.map(lambda x: x + x.dtype.type(3), s.opt_state),
-                                        step=s.step + 7, skipped=s.skipped + 2))(state)
+    state = jax.jit(
+        lambda s: s.replace(
+            opt_state=jax.tree.map(lambda x: x + x.dtype.type(3), s.opt_state), step=s.step + 7, skipped=s.skipped + 2
+        )
+    )(state)
     extra = {"iteration": 7, "data_position": [3, 1], "rollout_rng": [1, 2], "history": [{"loss": 0.5}]}
     with Checkpointer(tmp_path, save_every=1, keep=2, async_save=True) as ckpt:
         assert ckpt.save(7, state, extra)
@@ -60,8 +63,10 @@ def test_explicit_shardings_argument(tmp_path):
         shardings = T.train_state_shardings(concrete_target, mesh)
         restored, extra = ckpt.restore(1, concrete_target, shardings)
     assert extra == {}
-    assert restored.params["embed_tokens"]["embedding"].get_value().sharding.spec == \
-        shardings.params["embed_tokens"]["embedding"].get_value().spec
+    assert (
+        restored.params["embed_tokens"]["embedding"].get_value().sharding.spec
+        == shardings.params["embed_tokens"]["embedding"].get_value().spec
+    )
     for a, b in zip(to_numpy(state), to_numpy(restored)):
         np.testing.assert_array_equal(a, b)
 
@@ -85,9 +90,11 @@ def test_other_model_shape_fails_with_named_path(tmp_path):
         ckpt.save(0, state)
     ckpt = Checkpointer(tmp_path)
     wide = _abstract_params(intermediate_size=96)
-    with pytest.raises(CheckpointMismatchError,
-                       match=r"params/layers/0/mlp/down_proj/kernel/value: checkpoint shape \(64, 32\) "
-                             r"!= model shape \(96, 32\)"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"params/layers/0/mlp/down_proj/kernel/value: checkpoint shape \(64, 32\) "
+        r"!= model shape \(96, 32\)",
+    ):
         ckpt.restore_latest(T.abstract_train_state(wide, opt, mesh))
     deep = _abstract_params(num_hidden_layers=3)
     with pytest.raises(CheckpointMismatchError, match=r"checkpoint has no parameter .*layers/2/"):

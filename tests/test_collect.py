@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from rollout.collect import RolloutConfig, collect, text_id
+from rollout.envs.base import TextEnv
 from rollout.parsing import EMPTY, INADMISSIBLE, MISSING_TAG, MULTIPLE, TOO_LONG
 from rollout.policy import Reply, ScriptedPolicy, fake_logprob, fake_token_ids
-from rollout.envs.base import TextEnv
 
 # --- a corridor env: walk `forward` to room L (L = 2 for even seeds, 3 for odd) -----------------
 
@@ -38,13 +38,18 @@ class Corridor(TextEnv):
         else:
             obs = "Nothing happens."
         won = self.pos >= self.goal
-        info = {"won": won, "milestone": milestone, "milestone_name": None,
-                "admissible_commands": ["forward", "wait"]}
+        info = {"won": won, "milestone": milestone, "milestone_name": None, "admissible_commands": ["forward", "wait"]}
         return obs, 0.0, won, not won and self.t >= self.max_steps, info
 
     def _info(self, **kw):
-        return {"admissible_commands": ["forward", "wait"], "task_type": "corridor",
-                "task_id": "c", "won": False, "milestones_total": 1, **kw}
+        return {
+            "admissible_commands": ["forward", "wait"],
+            "task_type": "corridor",
+            "task_id": "c",
+            "won": False,
+            "milestones_total": 1,
+            **kw,
+        }
 
 
 def act(a):
@@ -61,22 +66,32 @@ FLAT_SCRIPT = {
     (1, 0, 1): [FWD, FWD, FWD],  # its env crashes at its 3rd step
     (1, 0, 2): [act("fly"), act(""), act("forward " * 60), FWD],
 }
-JUDGE = {(0, 0, 0): "<bad_steps>none</bad_steps>", (0, 0, 1): "<bad_steps>1</bad_steps>",
-         (0, 0, 2): "I cannot tell", (1, 0, 0): "<bad_steps>2, 4</bad_steps>",
-         (1, 0, 2): "<bad_steps>1, 2, 3</bad_steps>"}
+JUDGE = {
+    (0, 0, 0): "<bad_steps>none</bad_steps>",
+    (0, 0, 1): "<bad_steps>1</bad_steps>",
+    (0, 0, 2): "I cannot tell",
+    (1, 0, 0): "<bad_steps>2, 4</bad_steps>",
+    (1, 0, 2): "<bad_steps>1, 2, 3</bad_steps>",
+}
 # step_mask lengths, won, invalid steps, milestone steps (0-based) per trajectory
 EXPECTED = {
-    (0, 0, 0): dict(length=2, won=True, invalid=[], milestone=[0], bad=[],
-                    obs=["room 0", "room 1"]),
-    (0, 0, 1): dict(length=3, won=True, invalid=[0], milestone=[1], bad=[0],
-                    obs=["room 0", "Nothing happens.", "room 1"]),
-    (0, 0, 2): dict(length=4, won=False, invalid=[], milestone=[], bad=[],
-                    obs=["room 0"] + ["Nothing happens."] * 3),
-    (1, 0, 0): dict(length=4, won=True, invalid=[1], milestone=[0], bad=[1, 3],
-                    obs=["room 0", "room 1", "Nothing happens.", "room 2"]),
+    (0, 0, 0): dict(length=2, won=True, invalid=[], milestone=[0], bad=[], obs=["room 0", "room 1"]),
+    (0, 0, 1): dict(
+        length=3, won=True, invalid=[0], milestone=[1], bad=[0], obs=["room 0", "Nothing happens.", "room 1"]
+    ),
+    (0, 0, 2): dict(length=4, won=False, invalid=[], milestone=[], bad=[], obs=["room 0"] + ["Nothing happens."] * 3),
+    (1, 0, 0): dict(
+        length=4,
+        won=True,
+        invalid=[1],
+        milestone=[0],
+        bad=[1, 3],
+        obs=["room 0", "room 1", "Nothing happens.", "room 2"],
+    ),
     (1, 0, 1): dict(length=0, won=False, invalid=[], milestone=[], bad=[], obs=[]),  # crashed
-    (1, 0, 2): dict(length=4, won=False, invalid=[0, 1, 2], milestone=[3], bad=[0, 1, 2],
-                    obs=["room 0"] + ["Nothing happens."] * 3),
+    (1, 0, 2): dict(
+        length=4, won=False, invalid=[0, 1, 2], milestone=[3], bad=[0, 1, 2], obs=["room 0"] + ["Nothing happens."] * 3
+    ),
 }
 REASONS = {MISSING_TAG: 1, MULTIPLE: 1, INADMISSIBLE: 1, EMPTY: 1, TOO_LONG: 1}
 
@@ -195,8 +210,8 @@ def test_token_rows_align_with_trajectories(flat):
         prompt = fake_token_ids(f"<user> {policy.prompts[('action', (p, n, m, t))]}")
         tok, lm = np.asarray(tb.tokens[s]), np.asarray(tb.loss_mask[s])
         L = tok.shape[0]
-        np.testing.assert_array_equal(tok[L - len(response):], response)
-        np.testing.assert_array_equal(tok[L - len(response) - len(prompt): L - len(response)], prompt)
+        np.testing.assert_array_equal(tok[L - len(response) :], response)
+        np.testing.assert_array_equal(tok[L - len(response) - len(prompt) : L - len(response)], prompt)
         assert np.flatnonzero(lm).tolist() == list(range(L - len(response), L))
         assert np.asarray(tb.attention_mask[s]).sum() == len(prompt) + len(response)
         lp = np.asarray(tb.old_logp[s])
@@ -208,7 +223,7 @@ def test_token_rows_align_with_trajectories(flat):
 def test_judgment_off_and_inconsistent_options_raise():
     res = collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1], flat_cfg(judgment=False))
     assert not np.asarray(res.traj.judged_bad).any() and "judge_calls" not in res.stats
-    # issue #15: judge_train needs k >= 2 samples; revision needs a strategy (strata mode)
+    # judge_train needs k >= 2 samples; revision needs a strategy (strata mode)
     with pytest.raises(ValueError, match="judge_samples >= 2"):
         collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1], flat_cfg(judge_train=True))
     with pytest.raises(ValueError, match="revise_every"):
@@ -216,18 +231,15 @@ def test_judgment_off_and_inconsistent_options_raise():
 
 
 def test_rows_are_padded_to_the_configured_length_bucket():
-    res = collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1],
-                  flat_cfg(judgment=False, length_buckets=(8, 1000)))
+    res = collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1], flat_cfg(judgment=False, length_buckets=(8, 1000)))
     assert res.tokens.tokens.shape == (24, 1000)
     with pytest.raises(ValueError, match="largest length bucket 8"):
-        collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1],
-                flat_cfg(judgment=False, length_buckets=(8,)))
+        collect(flat_envs(), ScriptedPolicy(flat_script), [0, 1], flat_cfg(judgment=False, length_buckets=(8,)))
 
 
 def test_episodes_longer_than_h_are_cut_and_counted():
     envs = [Corridor(max_steps=10) for _ in range(6)]
-    res = collect(envs, ScriptedPolicy(lambda msgs, kind, key: WAIT), [0, 1],
-                  flat_cfg(judgment=False))
+    res = collect(envs, ScriptedPolicy(lambda msgs, kind, key: WAIT), [0, 1], flat_cfg(judgment=False))
     assert np.asarray(res.traj.step_mask).all() and res.stats["cut_at_horizon"] == 6
     assert not np.asarray(res.traj.won).any()
 
@@ -265,8 +277,9 @@ def strata_script(msgs, kind, key):
 
 
 def strata_cfg(**kw):
-    base = dict(mode="strata", num_strategies=2, traj_per_strategy=2, oversample=2, max_steps=4,
-                progress=False, row_multiple=4)
+    base = dict(
+        mode="strata", num_strategies=2, traj_per_strategy=2, oversample=2, max_steps=4, progress=False, row_multiple=4
+    )
     return RolloutConfig(**{**base, **kw})
 
 
@@ -291,9 +304,8 @@ def test_strata_selects_strategies_and_builds_strategy_rows(diverse, picks):
     assert len(idx) == 2 + 2 * (2 + 4)
     for s, k in enumerate(picks):  # strategy rows: the candidate's tokens and its log-probs
         resp = fake_token_ids(CANDS[k].text)
-        np.testing.assert_array_equal(np.asarray(tb.tokens[s, -len(resp):]), resp)
-        np.testing.assert_allclose(np.asarray(tb.old_logp[s])[np.asarray(tb.loss_mask[s])],
-                                   CANDS[k].mean_logprob)
+        np.testing.assert_array_equal(np.asarray(tb.tokens[s, -len(resp) :]), resp)
+        np.testing.assert_allclose(np.asarray(tb.old_logp[s])[np.asarray(tb.loss_mask[s])], CANDS[k].mean_logprob)
 
 
 def test_strata_crashed_strategy_group_is_masked():
@@ -397,11 +409,16 @@ def test_worker_crash_and_env_exception_in_process_pool():
         return act(plan[t]) if m in (0, 1, 2) else "<action>dance</action>"
 
     # env i lives on worker i % 2: env 2's crash kills worker 0, which also runs env 0
-    pool = EnvPool([functools.partial(HouseholdEnv, max_steps=6)] * 4, num_workers=2, timeout_s=60,
-                   fault_injection=True)
+    pool = EnvPool(
+        [functools.partial(HouseholdEnv, max_steps=6)] * 4, num_workers=2, timeout_s=60, fault_injection=True
+    )
     try:
-        res = collect(InjectFaults(pool, {(1, 1): "__raise__", (2, 2): "__crash__"}),
-                      ScriptedPolicy(script), [3], flat_cfg(group_size=4, max_steps=6))
+        res = collect(
+            InjectFaults(pool, {(1, 1): "__raise__", (2, 2): "__crash__"}),
+            ScriptedPolicy(script),
+            [3],
+            flat_cfg(group_size=4, max_steps=6),
+        )
     finally:
         pool.close()
     b = res.traj

@@ -7,25 +7,56 @@ import sys
 
 import pytest
 
-from configs.base import ALGOS, ENVS, TEST_ENVS, ConfigError, base_config, validate
+from configs.base import ALGOS, ENVS, STUDY_ENVS, TEST_ENVS, ConfigError, base_config, validate, with_algo_env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted(p for p in (REPO / "configs").glob("*.py") if p.name not in ("__init__.py",))
+PAPER = REPO / "configs" / "paper.py"
+PAIRS = [(algo, env) for algo in ALGOS for env in STUDY_ENVS]
 
 
-def _load(path):
+def _load(path, *args):
+    """get_config(*args) of a config file, loaded as ml_collections loads `path[:arg]`."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.get_config()
+    return mod.get_config(*args)
 
 
-def test_one_config_per_algo_and_env():
-    names = {p.stem for p in CONFIG_FILES}
-    for algo in ALGOS:
-        for env in (e for e in ENVS if e not in TEST_ENVS):
-            assert f"{algo.replace('+', '_')}_{env}" in names
-    assert "tiny_household" in names
+def test_study_envs_are_every_world_but_the_test_ones():
+    assert set(STUDY_ENVS) | set(TEST_ENVS) == set(ENVS) and not set(STUDY_ENVS) & set(TEST_ENVS)
+    assert "tiny_household" in {p.stem for p in CONFIG_FILES}
+
+
+@pytest.mark.parametrize("algo,env", PAIRS, ids=[f"{a}-{e}" for a, e in PAIRS])
+def test_paper_config_is_the_algorithm_on_the_environment(algo, env):
+    """configs/paper.py:ALGO,ENV is with_algo_env(base_config(), ALGO, ENV) (what the 20 files
+    configs/<algo>_<env>.py it replaced each returned), validated, with ALGORITHMS.md section 7's
+    per-environment defaults."""
+    c = validate(_load(PAPER, f"{algo},{env}"))
+    assert c.to_dict() == validate(with_algo_env(base_config(), algo, env)).to_dict()
+    assert (c.algo.name, c.env.name) == (algo, env)
+    # ALGORITHMS.md section 7: ALFWorld max steps 50 (BEACON 30); synthetic 30.
+    if env == "alfworld":
+        assert c.env.max_steps == (30 if algo == "beacon" else 50)
+    if env == "household":
+        assert c.env.max_steps == 30
+    assert c.algo.judgment == algo.startswith("strata")
+    assert _load(PAPER, f" {algo} , {env} ").to_dict() == c.to_dict()  # spaces around the names are fine
+
+
+def test_paper_config_without_an_argument_is_strata_on_the_household_world():
+    assert _load(PAPER).to_dict() == with_algo_env(base_config(), "strata", "household").to_dict()
+
+
+@pytest.mark.parametrize(
+    "arg", ["strata", "ppo,household", "strata,doors", "strata,webshop", "strata,household,x", "strata_beacon,shop", ""]
+)
+def test_paper_config_refuses_a_bad_argument_naming_the_choices(arg):
+    with pytest.raises(ValueError) as e:
+        _load(PAPER, arg)
+    for name in (*ALGOS, *STUDY_ENVS):
+        assert name in str(e.value)
 
 
 def test_the_embedded_default_is_the_signpost_corridor_with_a_revision_at_the_sign():
@@ -43,34 +74,32 @@ def test_the_embedded_default_is_the_signpost_corridor_with_a_revision_at_the_si
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_config_validates(path):
-    c = validate(_load(path))
-    if path.stem != "base" and not path.stem.startswith(("tiny_", "smol_")):  # model-sized configs
-        algo, env = c.algo.name.replace("+", "_"), c.env.name
-        assert path.stem == f"{algo}_{env}"
-        # ALGORITHMS.md section 7: ALFWorld max steps 50 (BEACON 30); synthetic 30.
-        if env == "alfworld":
-            assert c.env.max_steps == (30 if c.algo.name == "beacon" else 50)
-        if env == "household":
-            assert c.env.max_steps == 30
-        assert c.algo.judgment == c.algo.name.startswith("strata")
+    validate(_load(path))
 
 
-@pytest.mark.parametrize("key,value,fragment", [
-    ("algo.name", "ppo", "config.algo.name='ppo' is not allowed"),
-    ("algo.delta", 0.0, "config.algo.delta=0.0 must be in (0, 1]"),
-    ("train.aggregation", "sum", "config.train.aggregation='sum'"),
-    ("env.name", "webshop", "config.env.name='webshop'"),
-    ("algo.kappa", -1.0, "config.algo.kappa=-1.0 must be >= 0"),
-    ("algo.judge_train", True, "judge_train=True needs config.judge.samples >= 2"),
-    ("judge.samples", 0, "config.judge.samples=0 must be >= 1"),
-    ("algo.revise_every", -1, "config.algo.revise_every=-1 must be >= 0"),
-    ("algo.milestones", "expert_plan", "config.algo.milestones='expert_plan' is only wired for env.name='alfworld'"),
-    ("train.eps_low", 1.0, "config.train.eps_low=1.0 must be in (0, 1)"),
-    ("train.dual_clip", 1.0, "config.train.dual_clip=1.0 must be > 1"),
-    ("sampling.prompt_buckets", (256, 128), "config.sampling.prompt_buckets=(256, 128) must be strictly ascending"),
-    ("train.length_buckets", (0, 128), "config.train.length_buckets=(0, 128) must be strictly ascending"),
-    ("train.bucket_steps", 3, "config.train.bucket_steps=3: expected 1, 2, 4, 8 or 16 sizes per octave"),
-])
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("algo.name", "ppo", "config.algo.name='ppo' is not allowed"),
+        ("algo.delta", 0.0, "config.algo.delta=0.0 must be in (0, 1]"),
+        ("train.aggregation", "sum", "config.train.aggregation='sum'"),
+        ("env.name", "webshop", "config.env.name='webshop'"),
+        ("algo.kappa", -1.0, "config.algo.kappa=-1.0 must be >= 0"),
+        ("algo.judge_train", True, "judge_train=True needs config.judge.samples >= 2"),
+        ("judge.samples", 0, "config.judge.samples=0 must be >= 1"),
+        ("algo.revise_every", -1, "config.algo.revise_every=-1 must be >= 0"),
+        (
+            "algo.milestones",
+            "expert_plan",
+            "config.algo.milestones='expert_plan' is only wired for env.name='alfworld'",
+        ),
+        ("train.eps_low", 1.0, "config.train.eps_low=1.0 must be in (0, 1)"),
+        ("train.dual_clip", 1.0, "config.train.dual_clip=1.0 must be > 1"),
+        ("sampling.prompt_buckets", (256, 128), "config.sampling.prompt_buckets=(256, 128) must be strictly ascending"),
+        ("train.length_buckets", (0, 128), "config.train.length_buckets=(0, 128) must be strictly ascending"),
+        ("train.bucket_steps", 3, "config.train.bucket_steps=3: expected 1, 2, 4, 8 or 16 sizes per octave"),
+    ],
+)
 def test_bad_values_name_the_key(key, value, fragment):
     c = base_config()
     section, leaf = key.split(".")
@@ -86,7 +115,7 @@ def test_revision_and_judge_training_are_wired_for_strata_only():
         c.algo.name, c.algo.judgment, c.algo.revise_every = algo, algo.startswith("strata"), 2
         if algo.startswith("strata"):
             c.judge.samples, c.algo.judge_train, c.algo.tasks_per_iter = 3, True, 4
-            validate(c)  # issue #15: built
+            validate(c)  # revision and judge training build
         else:
             with pytest.raises(ConfigError, match="revise_every=2 revises a strategy"):
                 validate(c)
@@ -125,17 +154,43 @@ def test_diverse_selection_without_candidates_to_select_from_fails_loudly():
 
 
 def _launch(*args):
-    return subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def test_cli_unknown_key_and_bad_value():
-    r = _launch("--config", "configs/grpo_household.py", "--config.algo.delt=0.3", "--dry_run")
+    r = _launch("--config", "configs/paper.py:grpo,household", "--config.algo.delt=0.3", "--dry_run")
     assert r.returncode == 2 and "unknown config key config.algo.delt" in r.stderr and "delta" in r.stderr
-    r = _launch("--config", "configs/grpo_household.py", "--config.algo.delta=1.5", "--dry_run")
+    r = _launch("--config", "configs/paper.py:grpo,household", "--config.algo.delta=1.5", "--dry_run")
     assert r.returncode == 2 and "config.algo.delta=1.5 must be in (0, 1]" in r.stderr
-    r = _launch("--config", "configs/strata_alfworld.py", "--config.algo.delta=0.25", "--dry_run")
+    r = _launch("--config", "configs/paper.py:strata,alfworld", "--config.algo.delta=0.25", "--dry_run")
     assert r.returncode == 0 and "delta: 0.25" in r.stdout
+    assert "name: alfworld" in r.stdout and "max_steps: 50" in r.stdout
+
+
+def test_default_run_directory_is_named_after_the_config():
+    import launch
+
+    assert launch.run_name("configs/tiny_signs.py") == "tiny_signs"
+    assert launch.run_name("configs/paper.py") == "paper"
+    assert launch.run_name("configs/paper.py:strata,alfworld") == "strata_alfworld"
+    assert launch.run_name("configs/paper.py:strata+beacon, household") == "strata_beacon_household"
+
+
+def test_cli_paper_config():
+    """configs/paper.py through the command line: ALGO,ENV after the colon (either flag form),
+    the default without one, and a bad argument as one line naming the choices, exit 2."""
+    r = _launch("--config=configs/paper.py:strata+beacon,shop", "--dry_run")
+    assert r.returncode == 0 and "name: strata+beacon" in r.stdout and "name: shop" in r.stdout, r.stderr
+    r = _launch("--config", "configs/paper.py", "--dry_run")
+    assert r.returncode == 0 and "name: strata" in r.stdout and "name: household" in r.stdout, r.stderr
+    r = _launch("--config", "configs/paper.py:ppo,alfworld", "--dry_run")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("config error: config file 'configs/paper.py:ppo,alfworld' failed to load")
+    assert "ALGO one of grpo, gigpo, strata, beacon, strata+beacon" in lines[0]
+    assert "ENV one of household, alfworld, scienceworld, shop" in lines[0]
 
 
 def test_cli_unknown_mode():
@@ -158,20 +213,31 @@ def test_policy_calls_larger_than_the_batch_buckets_are_refused_before_any_work(
         validate(c)
 
 
-def test_attention_choices_are_the_models():
-    """The config's allowed model.attention values are exactly what the model implements."""
+def test_choices_are_the_librarys_own():
+    """The config's allowed values are the constants the code they configure checks against,
+    imported (strata_jax/names.py, rollout/options.py), not retyped."""
     from configs.base import CHOICES
+    from rollout.collect import RolloutConfig
+    from rollout.envs import REGISTRY
+    from rollout.envs.alfworld import MILESTONE_MODES, SPLITS
+    from strata_jax import loss, train
+    from strata_jax.advantages import ALGOS as ADVANTAGE_ALGOS
+    from strata_jax.advantages import params, weighting
     from strata_jax.models.config import ATTENTION_IMPLS
 
-    assert CHOICES["model.attention"] == ATTENTION_IMPLS
-
-
-def test_pack_segments_needs_shared_prefixes():
-    """train.pack_segments packs the remainders of rows that share a prefix: without
-    train.shared_prefix it would be a silent no-op, so it is refused."""
+    assert CHOICES["algo.name"] is ADVANTAGE_ALGOS and CHOICES["env.name"] == tuple(REGISTRY)
+    assert (CHOICES["algo.milestones"], CHOICES["env.split"]) == (MILESTONE_MODES, SPLITS)
+    assert (CHOICES["algo.gigpo_norm"], CHOICES["algo.seg_norm"]) == (params.GIGPO_NORMS, params.SEG_NORMS)
+    assert CHOICES["model.attention"] is ATTENTION_IMPLS and CHOICES["train.aggregation"] is loss.AGGREGATIONS
+    assert CHOICES["train.schedule"] is train.SCHEDULES
+    assert CHOICES["train.step_weighting"] is weighting.STEP_WEIGHTINGS
+    # the rollout's own rules: refused alike by validate() and RolloutConfig.validate, each naming its key
     c = base_config()
-    c.train.pack_segments, c.train.shared_prefix = True, False
-    with pytest.raises(ConfigError, match="pack_segments=True needs train.shared_prefix=True"):
+    c.env.action_format, c.algo.invalid_penalty_tokens = "index", "divergence"
+    with pytest.raises(ConfigError, match="config.algo.invalid_penalty_tokens='divergence' compares command text"):
         validate(c)
-    c.train.shared_prefix = True
-    validate(c)
+    with pytest.raises(ValueError, match="RolloutConfig.penalty_tokens='divergence' compares command text"):
+        RolloutConfig(action_format="index", penalty_tokens="divergence").validate()
+    for algo in ALGOS:  # RolloutConfig.from_config of every valid config is valid
+        c = with_algo_env(base_config(), algo, "household")
+        RolloutConfig.from_config(validate(c)).validate()

@@ -23,14 +23,28 @@ VOCAB = 61
 
 
 def _model_config(d=32, f=48, layers=2, heads=4, kv=2, vocab=VOCAB):
-    return ModelConfig.from_hf(dict(model_type="qwen2", vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
-                                    num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=f,
-                                    hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.4,
-                                    tie_word_embeddings=False, rope_theta=1e4, max_position_embeddings=512))
+    return ModelConfig.from_hf(
+        dict(
+            model_type="qwen2",
+            vocab_size=vocab,
+            hidden_size=d,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            intermediate_size=f,
+            hidden_act="silu",
+            rms_norm_eps=1e-6,
+            initializer_range=0.4,
+            tie_word_embeddings=False,
+            rope_theta=1e4,
+            max_position_embeddings=512,
+        )
+    )
 
 
-@pytest.mark.parametrize("name,non_embedding", [("qwen2.5-7b", 6.53e9), ("qwen2.5-1.5b", 1.31e9),
-                                                ("qwen2.5-0.5b", 0.36e9)])
+@pytest.mark.parametrize(
+    "name,non_embedding", [("qwen2.5-7b", 6.53e9), ("qwen2.5-1.5b", 1.31e9), ("qwen2.5-0.5b", 0.36e9)]
+)
 def test_layer_flops_are_twice_the_published_non_embedding_parameters(name, non_embedding):
     """Qwen2.5's model cards: 6.53B, 1.31B and 0.36B non-embedding parameters (matrices, plus biases
     and norms that are under 0.1%)."""
@@ -65,36 +79,53 @@ def _token_batch(rows):
     z = np.zeros(tokens.shape, np.float32)
     loss = np.zeros_like(mask)
     loss[:, -2:] = True  # the response: the last two tokens
-    return TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss, old_logp=z, ref_logp=z,
-                      advantage=z, row_index=np.zeros((len(rows), 4), np.int32), row_valid=np.ones((len(rows),), bool))
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=mask,
+        loss_mask=loss,
+        old_logp=z,
+        ref_logp=z,
+        advantage=z,
+        row_index=np.zeros((len(rows), 4), np.int32),
+        row_valid=np.ones((len(rows),), bool),
+    )
 
 
-@pytest.mark.parametrize("segments", [False, True])
-def test_batch_work_by_hand(segments):
+def test_batch_work_by_hand():
     """Four rows that share a 12-token prefix: dense, then the prefix once and the suffixes
-    against it (plain, or packed several to a row)."""
+    against it."""
     shared = list(range(5, 17))
     tb = _token_batch([shared + [20 + i, 30 + i, 40 + i, 50 + i] for i in range(4)])
     assert cost.batch_work(tb, window=3) == {"tokens": 4 * 16, "pairs": 4 * 16 * 16, "head_tokens": 4 * 3}
-    packed = pack_shared(tb, 1, 1, (4, 8, 12, 16), min_prefix=4, min_saving=0.0, segments=segments)
-    assert packed is not None and packed[0].packed == segments
+    packed = pack_shared(tb, 1, 1, (4, 8, 12, 16), min_prefix=4, min_saving=0.0)
+    assert packed is not None
     sb = packed[0]
     (upre, tpre), (s, ls) = sb.prefix_tokens.shape, sb.rows.tokens.shape
-    r, ts = sb.packed_tokens.shape if segments else (s, ls)
     got = cost.batch_work(sb, window=3)
-    assert got["tokens"] == sb.model_tokens == upre * tpre + r * ts
-    assert got["pairs"] == upre * tpre ** 2 + r * ts * (tpre + ts)
+    assert got["tokens"] == sb.model_tokens == upre * tpre + s * ls
+    assert got["pairs"] == upre * tpre**2 + s * ls * (tpre + ls)
     assert got["head_tokens"] == s * min(3, ls)
     assert got["tokens"] < 4 * 16  # the prefix ran once
 
 
-CFG = SamplerConfig(max_new_tokens=10, prompt_buckets=(16, 32, 48, 64), batch_buckets=(4, 8, 16), pad_id=0,
-                    eos_ids=(7,), prefix_buckets=(16, 24, 32, 40), min_shared_prefix=8, min_prefix_saving=0.0)
+CFG = SamplerConfig(
+    max_new_tokens=10,
+    prompt_buckets=(16, 32, 48, 64),
+    batch_buckets=(4, 8, 16),
+    pad_id=0,
+    eos_ids=(7,),
+    prefix_buckets=(16, 24, 32, 40),
+    min_shared_prefix=8,
+    min_prefix_saving=0.0,
+)
 
 
 def _prompts():
     rng = np.random.default_rng(0)
-    tok = lambda n: [int(x) for x in rng.integers(1, VOCAB, size=n)]
+
+    def tok(n):
+        return [int(x) for x in rng.integers(1, VOCAB, size=n)]
+
     prefix = tok(30)
     return [prefix + tok(n) for n in (4, 9, 13, 2, 6, 11, 3)] + [tok(19)]
 
@@ -146,8 +177,9 @@ def test_since_takes_a_span():
 
 def test_seconds_by_hand():
     m = _model_config()
-    hw = cost.Hardware("test", peak_flops=1e12, hbm_bytes_per_s=1e11, devices=2, mfu=0.5, hbm_share=0.5,
-                       bytes_per_param=2)
+    hw = cost.Hardware(
+        "test", peak_flops=1e12, hbm_bytes_per_s=1e11, devices=2, mfu=0.5, hbm_share=0.5, bytes_per_param=2
+    )
     lf, pf, hf = cost.layer_flops(m), cost.pair_flops(m), cost.head_flops(m)
     # layer_flops by hand: 2 layers x 2 x (32 x (32 + 2 x 16) + 32 x 32 + 3 x 32 x 48)
     assert lf == 2 * 2 * (32 * 64 + 32 * 32 + 3 * 32 * 48) and pf == 4 * 2 * 32 and hf == 2 * 32 * VOCAB

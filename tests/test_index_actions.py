@@ -30,19 +30,30 @@ def test_numbered_prompt_lists_every_command_once_and_reads_back():
         prompts.step_prompt("t", "o", None, numbered=True)
 
 
-@pytest.mark.parametrize("answer,want", [
-    ("<think>x</think><action>4</action>", "take pen 1 from desk 1"),
-    ("<action> 1 </action>", "examine desk 1"),
-    ("<action>6</action>", "look"),
-])
+@pytest.mark.parametrize(
+    "answer,want",
+    [
+        ("<think>x</think><action>4</action>", "take pen 1 from desk 1"),
+        ("<action> 1 </action>", "examine desk 1"),
+        ("<action>6</action>", "look"),
+    ],
+)
 def test_a_number_in_range_is_its_command(answer, want):
     pa = parse_action(answer, ADM, by_index=True)
     assert pa.valid and pa.action == want and pa.reason is None
 
 
-@pytest.mark.parametrize("answer", ["<action>0</action>", "<action>7</action>", "<action>-1</action>",
-                                    "<action>go to sofa 1</action>", "<action>3a</action>",
-                                    "<action>" + "9" * 50 + "</action>"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "<action>0</action>",
+        "<action>7</action>",
+        "<action>-1</action>",
+        "<action>go to sofa 1</action>",
+        "<action>3a</action>",
+        "<action>" + "9" * 50 + "</action>",
+    ],
+)
 def test_anything_else_is_inadmissible(answer):
     pa = parse_action(answer, ADM, by_index=True)
     assert not pa.valid and pa.action == "" and pa.reason == INADMISSIBLE
@@ -54,15 +65,23 @@ def test_index_expert_takes_the_plan_and_wins_as_the_text_expert_does():
     tasks = list(range(24))
     runs = {}
     for fmt in ("text", "index"):
-        cfg = RolloutConfig(mode="strata", num_strategies=1, traj_per_strategy=1, oversample=1, judgment=False,
-                            max_steps=14, action_format=fmt, progress=False)
+        cfg = RolloutConfig(
+            mode="strata",
+            num_strategies=1,
+            traj_per_strategy=1,
+            oversample=1,
+            judgment=False,
+            max_steps=14,
+            action_format=fmt,
+            progress=False,
+        )
         runs[fmt] = collect([HouseholdEnv(**kw) for _ in tasks], ScriptedPolicy(expert_script(tasks, kw)), tasks, cfg)
         assert runs[fmt].stats["success_rate"] == 1.0 and runs[fmt].stats["invalid_rate"] == 0.0
     for p, (a, b) in enumerate(zip(runs["text"].texts["trajectories"], runs["index"].texts["trajectories"])):
         plan = solve(tasks[p], **kw)
         assert [s["action"] for s in a["steps"]] == [s["action"] for s in b["steps"]] == plan
         # the index expert's outputs are numbers, each the plan command's number in its prompt
-        for s, cmd in zip(b["steps"], plan):
+        for s, _cmd in zip(b["steps"], plan):
             assert re.fullmatch(r"<think>.*</think><action>\d+</action>", s["output"]), s["output"]
 
 

@@ -1,5 +1,5 @@
 """JaxPolicy's per-kind sampling: `sampling.strategy_temperature` draws strategy calls at their own
-temperature, and every other call kind keeps the policy's temperature (issue #13)."""
+temperature, and every other call kind keeps the policy's temperature."""
 
 import pytest
 
@@ -9,18 +9,40 @@ from strata_jax.models.hf import load_hf_model, load_tokenizer
 from strata_jax.models.tiny import make_tiny_model
 from strata_jax.sampling import SamplingParams
 
-TEXTS = ["go to countertop 1", "take apple 1 from countertop 1", "You open the fridge 1.",
-         "Your task is to: put a clean mug in the coffeemachine.", "Nothing happens."] * 4
+TEXTS = [
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "You open the fridge 1.",
+    "Your task is to: put a clean mug in the coffeemachine.",
+    "Nothing happens.",
+] * 4
 PROMPTS = [[{"role": "user", "content": f"Your task is to: put apple {i} in the fridge 1."}] for i in range(8)]
 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny"), "qwen2", TEXTS, vocab_size=384, hidden_size=32,
-                           layers=1, heads=2, kv_heads=1, intermediate_size=64)
+    path = make_tiny_model(
+        tmp_path_factory.mktemp("tiny"),
+        "qwen2",
+        TEXTS,
+        vocab_size=384,
+        hidden_size=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate_size=64,
+    )
     (graphdef, params), _ = load_hf_model(path, split=True)
-    return JaxPolicy(graphdef, params, load_tokenizer(path), {"strategy": 12, "action": 12},
-                     prompt_buckets=(64,), batch_buckets=(8,), temperature=1.0, seed=0)
+    return JaxPolicy(
+        graphdef,
+        params,
+        load_tokenizer(path),
+        {"strategy": 12, "action": 12},
+        prompt_buckets=(64,),
+        batch_buckets=(8,),
+        temperature=1.0,
+        seed=0,
+    )
 
 
 def _texts(policy, kind, seed):
@@ -47,8 +69,17 @@ def test_unfused_decode_writes_the_same_greedy_text(policy):
     """`sampling.fuse_decode=False` reaches every call kind's sampler, and its greedy text is the
     fused decode's (the default)."""
     graphdef = policy.samplers["action"].graphdef
-    plain = JaxPolicy(graphdef, policy.params, policy.tokenizer, {"strategy": 12, "action": 12},
-                      prompt_buckets=(64,), batch_buckets=(8,), temperature=0.0, seed=0, fuse_decode=False)
+    plain = JaxPolicy(
+        graphdef,
+        policy.params,
+        policy.tokenizer,
+        {"strategy": 12, "action": 12},
+        prompt_buckets=(64,),
+        batch_buckets=(8,),
+        temperature=0.0,
+        seed=0,
+        fuse_decode=False,
+    )
     assert all(s.config.fuse_decode for s in policy.samplers.values())
     assert not any(s.config.fuse_decode for s in plain.samplers.values())
     policy.kind_sampling, sampling = {}, policy.sampling
@@ -77,16 +108,26 @@ def test_strategy_temperature_is_refused_without_strategies():
 
 def test_stop_sequences_catch_a_tag_merged_with_the_text_before_it(tmp_path):
     """The shop tokenizer writes `search[a b]</action>` as ... "]</" "action" ">": the plain
-    "</" "action" ">" never appears, and generation ran on to the action budget (docs/RESULTS.md).
-    Every answer that ends with the tag must end with one of the stop sequences."""
+    "</" "action" ">" never appears, so a stop on it alone lets every such answer run on to the
+    action budget. Every answer that ends with the tag must end with one of the stop sequences."""
     from configs.tiny_shop import get_config
     from rollout.demos import corpus
     from rollout.jax_policy import stop_sequences
 
     c = get_config()
     c.log.progress = False
-    tok = load_tokenizer(make_tiny_model(tmp_path / "m", texts=corpus(c, num_tasks=32), vocab_size=int(c.model.tiny_vocab),
-                                         hidden_size=16, layers=1, heads=2, kv_heads=1, intermediate_size=32))
+    tok = load_tokenizer(
+        make_tiny_model(
+            tmp_path / "m",
+            texts=corpus(c, num_tasks=32),
+            vocab_size=int(c.model.tiny_vocab),
+            hidden_size=16,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+            intermediate_size=32,
+        )
+    )
     answers = ["search[vegan organic licorice]", "click[next >]", "click[buy now]", "go to desk 1", "look.", "x"]
     merged = 0
     for tag in ("</action>", "</strategy>", "</bad_steps>"):
@@ -94,7 +135,7 @@ def test_stop_sequences_catch_a_tag_merged_with_the_text_before_it(tmp_path):
         plain = tok.encode(tag, add_special_tokens=False)
         for text in answers:
             ids = tok.encode(f"<think>ok</think>{text}{tag}", add_special_tokens=False)
-            assert any(ids[-len(s):] == s for s in stops), (tag, text, [tok.decode([i]) for i in ids[-4:]])
-            merged += ids[-len(plain):] != plain
+            assert any(ids[-len(s) :] == s for s in stops), (tag, text, [tok.decode([i]) for i in ids[-4:]])
+            merged += ids[-len(plain) :] != plain
         assert all(tok.decode(s).endswith(tag) for s in stops)
     assert merged > 0  # the case this guards against occurs with this tokenizer

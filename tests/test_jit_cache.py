@@ -24,8 +24,10 @@ def test_enabled_process_writes_its_programs(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env.pop("XLA_FLAGS", None)
     env["STRATA_JIT_CACHE"] = str(tmp_path / "cache")
-    code = ("from rollout.jit_cache import enable_jit_cache; import jax, jax.numpy as jnp; "
-            "print(enable_jit_cache()); print(jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(5)).sum())")
+    code = (
+        "from rollout.jit_cache import enable_jit_cache; import jax, jax.numpy as jnp; "
+        "print(enable_jit_cache()); print(jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(5)).sum())"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == str(tmp_path / "cache")

@@ -18,17 +18,37 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # A run small enough for CI: 2 tasks x 2 strategies x 2 trajectories, 4 steps, tiny model.
 SMALL = [
-    "--config.algo.tasks_per_iter=2", "--config.algo.num_strategies=2", "--config.algo.traj_per_strategy=2",
-    "--config.algo.oversample=2", "--config.env.max_steps=4", "--config.env.horizon_min=2",
-    "--config.env.horizon_max=4", "--config.eval.num_tasks=4", "--config.eval.every=2",
-    "--config.eval.greedy=False", "--config.checkpoint.every=1", "--config.train.mini_batch_rows=16",
-    "--config.train.lr=1e-3", "--config.sampling.max_action_tokens=12", "--config.sampling.max_strategy_tokens=16",
-    "--config.sampling.max_judge_tokens=8", "--config.log.progress=False", "--config.train.recompute_old_logp=True",
+    "--config.algo.tasks_per_iter=2",
+    "--config.algo.num_strategies=2",
+    "--config.algo.traj_per_strategy=2",
+    "--config.algo.oversample=2",
+    "--config.env.max_steps=4",
+    "--config.env.horizon_min=2",
+    "--config.env.horizon_max=4",
+    "--config.eval.num_tasks=4",
+    "--config.eval.every=2",
+    "--config.eval.greedy=False",
+    "--config.checkpoint.every=1",
+    "--config.train.mini_batch_rows=16",
+    "--config.train.lr=1e-3",
+    "--config.sampling.max_action_tokens=12",
+    "--config.sampling.max_strategy_tokens=16",
+    "--config.sampling.max_judge_tokens=8",
+    "--config.log.progress=False",
+    "--config.train.recompute_old_logp=True",
 ]
-TINY = ["--config.model.tiny_hidden=32", "--config.model.tiny_layers=1", "--config.model.tiny_heads=2",
-        "--config.model.tiny_kv_heads=1", "--config.model.tiny_intermediate=64", "--config.model.tiny_vocab=1024",
-        "--config.sft.steps=3", "--config.sft.read_steps=2", "--config.sft.num_tasks=8",
-        "--config.sft.batch_rows=8"]
+TINY = [
+    "--config.model.tiny_hidden=32",
+    "--config.model.tiny_layers=1",
+    "--config.model.tiny_heads=2",
+    "--config.model.tiny_kv_heads=1",
+    "--config.model.tiny_intermediate=64",
+    "--config.model.tiny_vocab=1024",
+    "--config.sft.steps=3",
+    "--config.sft.read_steps=2",
+    "--config.sft.num_tasks=8",
+    "--config.sft.batch_rows=8",
+]
 CONFIG = ["--config", str(REPO / "configs" / "tiny_household.py")]
 
 
@@ -40,8 +60,14 @@ def start_from_flags(model) -> list[str]:
 def launch(*args, timeout=900):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the CLI runs on the plain CPU device, as a user would
-    r = subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
-                       cwd=REPO, timeout=timeout, env=env)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=env,
+    )
     if r.returncode != 0:
         raise AssertionError(f"launch.py {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-4000:]}")
     return r
@@ -74,6 +100,7 @@ def straight_run(sft_model, tmp_path_factory):
     return work
 
 
+@pytest.mark.slow
 def test_train_end_to_end_writes_everything(straight_run, sft_model):
     rows = metrics(straight_run)
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]  # 0 = evaluation of the starting model
@@ -93,6 +120,7 @@ def test_train_end_to_end_writes_everything(straight_run, sft_model):
     assert resolved["model"]["path"] == str(sft_model) and resolved["iterations"] == 3
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(straight_run, sft_model, tmp_path):
     """Stopped after iteration 2 and restarted: iteration 3 equals the uninterrupted run's."""
     common = [*CONFIG, *SMALL, *start_from_flags(sft_model), "--workdir", str(tmp_path)]
@@ -108,6 +136,7 @@ def test_resume_continues_exactly(straight_run, sft_model, tmp_path):
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
 
 
+@pytest.mark.slow
 def test_ablate_equals_a_loop_over_the_grid(straight_run):
     import jax
 
@@ -117,8 +146,7 @@ def test_ablate_equals_a_loop_over_the_grid(straight_run):
     from strata_jax.advantages import compute_advantages
     from strata_jax.diagnostics import compute_diagnostics
 
-    launch("ablate", *CONFIG, *SMALL, "--workdir", str(straight_run), "--grid", "delta=0.25,1",
-           "--grid", "kappa=0,0.2")
+    launch("ablate", *CONFIG, *SMALL, "--workdir", str(straight_run), "--grid", "delta=0.25,1", "--grid", "kappa=0,0.2")
     with open(straight_run / "ablation.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == 4 and (straight_run / "ablation.png").exists()
@@ -139,15 +167,30 @@ def test_ablate_equals_a_loop_over_the_grid(straight_run):
             assert (np.isnan(expect) and np.isnan(got)) or got == pytest.approx(expect, rel=1e-5, abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_ablate_rejects_unknown_grid_names(straight_run):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "ablate", "--workdir", str(straight_run),
-                        "--grid", "temperature=0.1,0.2"], capture_output=True, text=True, cwd=REPO, env=env,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launch.py"),
+            "ablate",
+            "--workdir",
+            str(straight_run),
+            "--grid",
+            "temperature=0.1,0.2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode != 0 and "'temperature' is not sweepable" in r.stderr
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_equal_logits(straight_run, sft_model, tmp_path):
     import torch
     import transformers
@@ -156,8 +199,7 @@ def test_export_loads_in_transformers_with_equal_logits(straight_run, sft_model,
 
     torch.set_num_threads(1)
     out = tmp_path / "exported"
-    launch("export", *CONFIG, *SMALL, *start_from_flags(sft_model), "--workdir", str(straight_run),
-           "--out", str(out))
+    launch("export", *CONFIG, *SMALL, *start_from_flags(sft_model), "--workdir", str(straight_run), "--out", str(out))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     ids = tok("go to countertop 1 and take apple 1", return_tensors="np")["input_ids"].astype(np.int32)
@@ -182,24 +224,41 @@ def typed(*args, cwd=REPO):
     """`python launch.py ARGS` exactly as a user types it (no config added)."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "launch.py", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "launch.py", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
-@pytest.mark.parametrize("args,names", [
-    (["--config.algo.deltaa=0.3"], ["config.algo.deltaa", "did you mean ['delta']"]),
-    (["--noconfig.algo.judgmen"], ["config.algo.judgmen", "'judgment'"]),
-    (["--config", "configs/strata_alfworld.py", "--config.env.max_step=9"], ["config.env.max_step", "'max_steps'"]),
-    (["--config.algo.delta=abc"], ["--config.algo.delta=abc", "could not convert string to float: 'abc'"]),
-    (["--config.algo.name=foo"], ["config.algo.name='foo'", "'strata'"]),
-    (["--config.model.attention=flash"], ["config.model.attention='flash'", "'cudnn'"]),
-    (["--config.model.attention=cudnn"], ["config.model.attention='cudnn' needs config.model.dtype='bfloat16'"]),
-    (["--config=configs/nope.py"], ["config file 'configs/nope.py' not found"]),
-    (["--workdirr=x"], ["'workdirr'", "workdir"]),
-    (["fly"], ["unknown mode 'fly'", "'train'"]),
-], ids=["unknown-key", "unknown-bool-key", "unknown-key-other-file", "bad-float", "bad-choice",
-         "bad-attention", "cudnn-needs-bf16", "no-config-file",
-        "unknown-flag", "unknown-mode"])
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["--config.algo.deltaa=0.3"], ["config.algo.deltaa", "did you mean ['delta']"]),
+        (["--noconfig.algo.judgmen"], ["config.algo.judgmen", "'judgment'"]),
+        (
+            ["--config", "configs/paper.py:strata,alfworld", "--config.env.max_step=9"],
+            ["config.env.max_step", "'max_steps'"],
+        ),
+        (["--config.algo.delta=abc"], ["--config.algo.delta=abc", "could not convert string to float: 'abc'"]),
+        (["--config.algo.name=foo"], ["config.algo.name='foo'", "'strata'"]),
+        (["--config.model.attention=flash"], ["config.model.attention='flash'", "'cudnn'"]),
+        (["--config.model.attention=cudnn"], ["config.model.attention='cudnn' needs config.model.dtype='bfloat16'"]),
+        (["--config=configs/nope.py"], ["config file 'configs/nope.py' not found"]),
+        (["--workdirr=x"], ["'workdirr'", "workdir"]),
+        (["fly"], ["unknown mode 'fly'", "'train'"]),
+    ],
+    ids=[
+        "unknown-key",
+        "unknown-bool-key",
+        "unknown-key-other-file",
+        "bad-float",
+        "bad-choice",
+        "bad-attention",
+        "cudnn-needs-bf16",
+        "no-config-file",
+        "unknown-flag",
+        "unknown-mode",
+    ],
+)
 def test_bad_command_line_is_one_line(args, names, tmp_path):
     r = typed(*args, "--workdir", str(tmp_path / "run"))
     lines = r.stderr.strip().splitlines()
@@ -220,14 +279,21 @@ def test_unbuilt_option_fails_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()  # no workdir, so no tiny model and no SFT
 
 
+@pytest.mark.slow
 def test_ptx_and_type_stratified_run_resumes_exactly(sft_model, tmp_path):
     """PPO-ptx steps (`train.ptx_coef`) and type-stratified task sets run through the command line,
     and a run stopped after iteration 1 continues as the uninterrupted one (the ptx rows of an
     iteration are a function of (seed, iteration)). The ptx-only control runs no policy step.
     Without a KL term (`train.kl_coef=0`: no reference params, no reference scoring) the run
     reports no KL."""
-    extra = ["--config.train.ptx_coef=0.5", "--config.train.ptx_rows=4", "--config.train.ptx_tasks=4",
-             "--config.algo.task_sampling=by_type", "--config.eval.every=0", "--config.train.kl_coef=0"]
+    extra = [
+        "--config.train.ptx_coef=0.5",
+        "--config.train.ptx_rows=4",
+        "--config.train.ptx_tasks=4",
+        "--config.algo.task_sampling=by_type",
+        "--config.eval.every=0",
+        "--config.train.kl_coef=0",
+    ]
     common = [*CONFIG, *SMALL, *extra, *start_from_flags(sft_model)]
     launch(*common, "--config.iterations=2", "--workdir", str(tmp_path / "straight"))
     launch(*common, "--config.iterations=1", "--workdir", str(tmp_path / "split"))

@@ -5,10 +5,10 @@ import pathlib
 
 import pytest
 
+from strata_jax.names import ALGOS
 from tests.bench_modules import load_bench
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +17,23 @@ def learning():
 
 
 def _args(**kw):
-    a = dict(iterations=4, sft_steps=10, horizon=(2, 6), eval_every=2, eval_tasks=8, progress=False, world="household",
-             max_steps=0, sign_at=0, options=0, sft_tasks=0, set=[], revise_every=0, judge_samples=4, arms=list(ALGOS))
+    a = dict(
+        iterations=4,
+        sft_steps=10,
+        horizon=(2, 6),
+        eval_every=2,
+        eval_tasks=8,
+        progress=False,
+        world="household",
+        max_steps=0,
+        sign_at=0,
+        options=0,
+        sft_tasks=0,
+        set=[],
+        revise_every=0,
+        judge_samples=4,
+        arms=list(ALGOS),
+    )
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -56,17 +71,23 @@ def test_doors_world_one_step_per_door_and_equal_trajectories(learning):
     validate(learning.run_config(wide, "beacon", seed=0, model_path="/m"))
 
 
-def test_issue15_arms_differ_only_in_their_variant(learning):
+def test_revision_and_judgment_arms_differ_only_in_their_variant(learning):
     """--world signs with ':revise' / ':judge' arms: the warm start's config revises (its
     demonstrations then hold revision rows), each arm sets only its own variant."""
     arms = ["strata", "strata:revise", "strata:judge", "strata:judge-untrained", "grpo"]
-    base = learning.base_config(_args(world="signs", horizon=(6, 6), sft_steps=None, sign_at=3, revise_every=3,
-                                      arms=arms))
+    base = learning.base_config(
+        _args(world="signs", horizon=(6, 6), sft_steps=None, sign_at=3, revise_every=3, arms=arms)
+    )
     assert (base.env.name, base.env.doors_options, base.env.doors_sign_at, base.env.max_steps) == ("doors", 3, 3, 6)
     assert base.algo.revise_every == 3 and base.judge.samples == 4
     got = {a: learning.run_config(base, a, seed=2, model_path="/m") for a in arms}
     assert [(got[a].algo.revise_every, got[a].judge.samples, got[a].algo.judge_train) for a in arms] == [
-        (0, 1, False), (3, 1, False), (0, 4, True), (0, 4, False), (0, 1, False)]
+        (0, 1, False),
+        (3, 1, False),
+        (0, 4, True),
+        (0, 4, False),
+        (0, 1, False),
+    ]
     assert all(got[a].algo.name == a.partition(":")[0] and got[a].seed == 2 for a in arms)
     six = learning.base_config(_args(world="signs", horizon=(6, 6), sign_at=3, options=6, sft_tasks=512, arms=arms))
     assert (six.env.doors_options, six.env.doors_sign_at, six.sft.num_tasks) == (6, 3, 512)
@@ -77,10 +98,18 @@ def test_issue15_arms_differ_only_in_their_variant(learning):
     assert (c.env.max_steps, c.train.mini_batch_rows, c.env.doors_sign_at) == (8, 64, 0)
     # StraTA's ablation arms change only the candidates sampled, the selection and the judgment
     abl = ["strata", "strata:vanilla", "strata:diverse", "strata:full"]
-    got = {a: learning.run_config(learning.base_config(_args(world="doors", horizon=(2, 12), arms=abl)), a, seed=0,
-                                  model_path="/m") for a in abl}
+    got = {
+        a: learning.run_config(
+            learning.base_config(_args(world="doors", horizon=(2, 12), arms=abl)), a, seed=0, model_path="/m"
+        )
+        for a in abl
+    }
     assert [(got[a].algo.oversample, got[a].algo.diverse, got[a].algo.judgment) for a in abl] == [
-        (1, False, True), (1, False, False), (4, True, False), (4, True, True)]
+        (1, False, True),
+        (1, False, False),
+        (4, True, False),
+        (4, True, True),
+    ]
     with pytest.raises(SystemExit, match="'grpo:vanilla': the variants are StraTA's"):
         learning.parse_arm("grpo:vanilla")
     for bad in ("strata:nope", "ppo", "grpo:"):
@@ -94,11 +123,27 @@ def test_issue15_arms_differ_only_in_their_variant(learning):
 def test_summary_of_a_hand_written_history(learning, tmp_path):
     rows = [
         {"iteration": 0, "eval/success": 0.5, "eval/success_short": 1.0, "eval_greedy/success": 0.25},
-        {"iteration": 1, "train/success": 0.1, "train/esu": 0.4, "train/car": 0.2, "train/invalid_rate": 0.3,
-         "time/iteration_s": 10.0},
-        {"iteration": 2, "train/success": 0.3, "train/esu": 0.6, "train/car": 0.4, "train/invalid_rate": 0.1,
-         "time/iteration_s": 20.0, "eval/success": 0.75, "eval/success_short": 0.5, "eval/success_long": 0.0,
-         "eval/n_long": 2, "eval_greedy/success": 1.0},
+        {
+            "iteration": 1,
+            "train/success": 0.1,
+            "train/esu": 0.4,
+            "train/car": 0.2,
+            "train/invalid_rate": 0.3,
+            "time/iteration_s": 10.0,
+        },
+        {
+            "iteration": 2,
+            "train/success": 0.3,
+            "train/esu": 0.6,
+            "train/car": 0.4,
+            "train/invalid_rate": 0.1,
+            "time/iteration_s": 20.0,
+            "eval/success": 0.75,
+            "eval/success_short": 0.5,
+            "eval/success_long": 0.0,
+            "eval/n_long": 2,
+            "eval_greedy/success": 1.0,
+        },
     ]
     s = learning.summarise(rows)
     assert (s["eval_start"], s["eval_end"], s["greedy_start"], s["greedy_end"]) == (0.5, 0.75, 0.25, 1.0)
@@ -154,8 +199,12 @@ def test_warmstart_figures_on_a_hand_batch(tmp_path):
     d.mkdir()
     np.savez(d / "iter_00001.npz", step_mask=step, invalid=invalid, won=won, horizon=np.array([3, 6]))
     acts = {(0, 0): ["a", "a", "b", "b"], (1, 0): ["c", "c", "c", ""]}
-    trajs = [{"key": [p, n, m], "steps": [{"action": acts[(p, n)][m]}, {"action": "x"}]}
-             for p in range(P) for n in range(N) for m in range(M)]
+    trajs = [
+        {"key": [p, n, m], "steps": [{"action": acts[(p, n)][m]}, {"action": "x"}]}
+        for p in range(P)
+        for n in range(N)
+        for m in range(M)
+    ]
     (d / "iter_00001.texts.json").write_text(json.dumps({"trajectories": trajs}))
     f = figures(tmp_path)
     assert f["invalid_rate"] == 1 / 16
@@ -165,6 +214,7 @@ def test_warmstart_figures_on_a_hand_batch(tmp_path):
     assert abs(f["first_step_entropy"] - want) < 1e-12
 
 
+@pytest.mark.slow
 def test_revision_arm_runs_from_the_command_line(tmp_path):
     """The user's path: `bench/learning.py --world signs` with a ':revise' arm, through a subprocess
     (a 5-step warm start, one iteration). Every trajectory that reaches step sign_at is asked for a
@@ -174,9 +224,30 @@ def test_revision_arm_runs_from_the_command_line(tmp_path):
     import sys
 
     out = tmp_path / "signs"
-    cmd = [sys.executable, str(REPO / "bench" / "learning.py"), "--world", "signs", "--horizon", "3,3", "--sign-at", "1",
-           "--algos", "strata:revise", "--seeds", "0", "--iterations", "1", "--eval-every", "1", "--eval-tasks", "4",
-           "--sft-steps", "5", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "learning.py"),
+        "--world",
+        "signs",
+        "--horizon",
+        "3,3",
+        "--sign-at",
+        "1",
+        "--algos",
+        "strata:revise",
+        "--seeds",
+        "0",
+        "--iterations",
+        "1",
+        "--eval-every",
+        "1",
+        "--eval-tasks",
+        "4",
+        "--sft-steps",
+        "5",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| strata:revise |" in proc.stdout
@@ -203,9 +274,15 @@ def test_default_gains_trains_what_a_bare_launch_runs(learning, tmp_path, monkey
     def fake_train(config, workdir):  # the figures of a run whose seed s gained 0.1 * (s + 1)
         trained.append((config.seed, config.env.name, config.env.doors_sign_at, config.algo.revise_every))
         g = 0.1 * (config.seed + 1)
-        rows = [{"iteration": 0, "eval/success": 0.25, "eval_greedy/success": 0.25},
-                {"iteration": config.iterations, "train/success": 0.5, "eval/success": 0.25 + g,
-                 "eval_greedy/success": 0.5}]
+        rows = [
+            {"iteration": 0, "eval/success": 0.25, "eval_greedy/success": 0.25},
+            {
+                "iteration": config.iterations,
+                "train/success": 0.5,
+                "eval/success": 0.25 + g,
+                "eval_greedy/success": 0.5,
+            },
+        ]
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -260,11 +337,14 @@ def test_ablation_trains_three_arms_from_each_defaults_sft_model(learning, tmp_p
 
     def fake_train(config, workdir):
         arm = {(1, False): "vanilla", (4, False): "+diverse", (4, True): "full"}[
-            (config.algo.oversample, config.algo.judgment)]
+            (config.algo.oversample, config.algo.judgment)
+        ]
         trained.append((arm, config.seed, config.model.path))
         g = gain[arm] + 0.01 * config.seed
-        rows = [{"iteration": 0, "eval/success": 0.25},
-                {"iteration": config.iterations, "train/success": 0.5, "eval/success": 0.25 + g}]
+        rows = [
+            {"iteration": 0, "eval/success": 0.25},
+            {"iteration": config.iterations, "train/success": 0.5, "eval/success": 0.25 + g},
+        ]
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -272,12 +352,17 @@ def test_ablation_trains_three_arms_from_each_defaults_sft_model(learning, tmp_p
         d = tmp_path / f"default_s{s}"
         (d / "sft_model").mkdir(parents=True)
         (d / "sft_model" / "config.json").write_text("{}")
-        (d / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "eval/success": 0.25}) + "\n" + json.dumps(
-            {"iteration": 24, "train/success": 0.5, "eval/success": 0.45}) + "\n")
+        (d / "metrics.jsonl").write_text(
+            json.dumps({"iteration": 0, "eval/success": 0.25})
+            + "\n"
+            + json.dumps({"iteration": 24, "train/success": 0.5, "eval/success": 0.45})
+            + "\n"
+        )
     monkeypatch.setattr(trainer, "train", fake_train)
     out = learning.ablation([0, 1], tmp_path, progress=False)
-    assert sorted(trained) == sorted((a, s, str(tmp_path / f"default_s{s}" / "sft_model"))
-                                     for s in (0, 1) for a in ("vanilla", "+diverse", "full"))
+    assert sorted(trained) == sorted(
+        (a, s, str(tmp_path / f"default_s{s}" / "sft_model")) for s in (0, 1) for a in ("vanilla", "+diverse", "full")
+    )
     lines = {ln.split(" | ")[0].strip("| "): ln for ln in out["table"].splitlines()[2:]}
     assert list(lines) == ["vanilla", "+diverse", "+judgment", "full"]
     assert "0.355 ± 0.005 | 0.105 ± 0.005 | +0.000, +0.000" in lines["vanilla"]

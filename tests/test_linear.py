@@ -8,12 +8,15 @@ import pytest
 from strata_jax.models.linear import linear
 
 
-@pytest.mark.parametrize("x_shape, w_shape, n_in", [
-    ((2, 5, 8), (8, 32), 1),  # up projection: x is transposed for dW
-    ((2, 5, 32), (32, 8), 1),  # down projection: dy is narrower, dy is transposed for dW
-    ((3, 4, 6), (4, 6, 5), 2),  # o_proj-like: two input axes
-    ((7, 16), (16, 4, 3), 1),  # k_proj-like: two output axes
-])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, n_in",
+    [
+        ((2, 5, 8), (8, 32), 1),  # up projection: x is transposed for dW
+        ((2, 5, 32), (32, 8), 1),  # down projection: dy is narrower, dy is transposed for dW
+        ((3, 4, 6), (4, 6, 5), 2),  # o_proj-like: two input axes
+        ((7, 16), (16, 4, 3), 1),  # k_proj-like: two output axes
+    ],
+)
 def test_linear_matches_dot_general(x_shape, w_shape, n_in):
     r = np.random.default_rng(0)
     x = jnp.asarray(r.normal(size=x_shape), jnp.float32)
@@ -30,7 +33,6 @@ def test_linear_matches_dot_general(x_shape, w_shape, n_in):
     np.testing.assert_allclose(gx, rx, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gw, rw, rtol=1e-5, atol=1e-5)
     assert gw.shape == w.shape and gx.shape == x.shape
-
 
 
 def test_bf16_inputs_with_f32_output():
@@ -122,8 +124,9 @@ def test_token_logprobs_bf16_gradients_round_like_the_products():
         return logp.sum() + 0.3 * ent.sum()
 
     gh16, gw16 = jax.grad(f, argnums=(0, 1))(jnp.asarray(h, jnp.bfloat16), jnp.asarray(w, jnp.float32))
-    gh32, gw32 = jax.grad(f, argnums=(0, 1))(jnp.asarray(h, jnp.bfloat16).astype(jnp.float32),
-                                             jnp.asarray(w, jnp.bfloat16).astype(jnp.float32))
+    gh32, gw32 = jax.grad(f, argnums=(0, 1))(
+        jnp.asarray(h, jnp.bfloat16).astype(jnp.float32), jnp.asarray(w, jnp.bfloat16).astype(jnp.float32)
+    )
     assert gh16.dtype == jnp.bfloat16 and gw16.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(gh16, np.float32), np.asarray(gh32), atol=3e-2, rtol=3e-2)
     np.testing.assert_allclose(np.asarray(gw16), np.asarray(gw32), atol=3e-2, rtol=3e-2)

@@ -37,21 +37,32 @@ from flax import nnx
 
 from configs.base import apply_overrides
 from strata_jax import lora, memory
-from strata_jax.models.hf import load_hf_config, load_hf_model
-from tests.test_hf import _batch as hf_batch
 from strata_jax.models.config import ModelConfig
+from strata_jax.models.hf import load_hf_config, load_hf_model
 from strata_jax.models.tiny import make_tiny_model
+from tests.test_hf import _batch as hf_batch
 from tests.test_launch import CONFIG, launch, metrics
 from tests.test_population import _compare_rows, _max_diff
 
-TEXTS = ["go to countertop 1", "take apple 1 from countertop 1", "You open the fridge 1.",
-         "Your task is to: put a clean mug in the coffeemachine.", "Nothing happens."] * 4
+TEXTS = [
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "You open the fridge 1.",
+    "Your task is to: put a clean mug in the coffeemachine.",
+    "Nothing happens.",
+] * 4
 SMALL = dict(vocab_size=384, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate_size=64)
 # SMALL's (fan-in, fan-out) per projection: q 4 heads x 8, k / v 2 kv heads x 8, MLP 64
-FAN = {"q": (32, 32), "k": (32, 16), "v": (32, 16), "o": (32, 32), "gate": (32, 64), "up": (32, 64),
-       "down": (64, 32)}
-HF_NAME = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
-           "down": "down_proj"}
+FAN = {"q": (32, 32), "k": (32, 16), "v": (32, 16), "o": (32, 32), "gate": (32, 64), "up": (32, 64), "down": (64, 32)}
+HF_NAME = {
+    "q": "q_proj",
+    "k": "k_proj",
+    "v": "v_proj",
+    "o": "o_proj",
+    "gate": "gate_proj",
+    "up": "up_proj",
+    "down": "down_proj",
+}
 ALL = tuple(FAN)
 FAST = {"xla_backend_optimization_level": 0}
 
@@ -90,8 +101,10 @@ def _random_b(adapters, seed: int, std: float = 0.05):
     """The adapters with every B drawn N(0, std^2) (A kept): a LoRA model that differs from its base."""
     rng = np.random.default_rng(seed)
     flat = _flat(adapters)
-    return _with_values(adapters, {k: (rng.normal(0, std, v.shape).astype(v.dtype) if k[-1] == "lora_b" else v)
-                                   for k, v in flat.items()})
+    return _with_values(
+        adapters,
+        {k: (rng.normal(0, std, v.shape).astype(v.dtype) if k[-1] == "lora_b" else v) for k, v in flat.items()},
+    )
 
 
 def _pairs(flat_adapters: dict) -> dict:
@@ -193,8 +206,11 @@ def test_initial_a_scale_does_not_depend_on_the_layer_layout(tiny):
     scanned alike: the stacked [L] axis is not fan-in."""
     for scan in (False, True):
         (_, p), _ = load_hf_model(tiny, split=True, lora_rank=8, scan_layers=scan)
-        z = [v.reshape(-1, *v.shape[-2:]) * np.sqrt(v.shape[-2]) for k, v in _flat(lora.split(p)[0]).items()
-             if k[-1] == "lora_a"]
+        z = [
+            v.reshape(-1, *v.shape[-2:]) * np.sqrt(v.shape[-2])
+            for k, v in _flat(lora.split(p)[0]).items()
+            if k[-1] == "lora_a"
+        ]
         std = np.concatenate([x.ravel() for x in z]).std()  # 7 x 2 x ~300 draws: +-2%
         assert abs(std - np.sqrt(2.0)) < 0.1, (scan, std)
 
@@ -249,7 +265,7 @@ def test_train_step_moves_the_adapters_only_along_their_gradient(tiny):
     for k in want:
         assert np.abs(want[k]).max() > 1e-6, k  # every adapter has a gradient to get right
         assert np.abs(got[k] - want[k]).max() <= 2e-5 * np.abs(want[k]).max(), k  # seen: 2e-6
-    norm = np.sqrt(sum((w ** 2).sum() for w in want.values()))
+    norm = np.sqrt(sum((w**2).sum() for w in want.values()))
     assert float(m["grad_norm"]) == pytest.approx(norm, rel=1e-4)
 
 
@@ -258,14 +274,36 @@ def test_train_step_moves_the_adapters_only_along_their_gradient(tiny):
 # small_config, with LoRA on every projection.
 
 OVERRIDES = [
-    "algo.tasks_per_iter=2", "algo.num_strategies=2", "algo.traj_per_strategy=2", "algo.oversample=2",
-    "algo.judgment=False", "env.max_steps=4", "env.horizon_min=2", "env.horizon_max=4", "eval.every=0",
-    "checkpoint.every=1", "train.mini_batch_rows=16", "train.lr=1e-2", "train.recompute_old_logp=True",
-    "train.length_buckets=(512,)", "sampling.max_action_tokens=12", "sampling.max_strategy_tokens=16",
-    "sampling.max_judge_tokens=8", "sampling.prompt_buckets=(512,)", "sampling.batch_buckets=(16,)",
-    "log.progress=False", "log.plots_every=0", "model.tiny_hidden=32", "model.tiny_layers=1",
-    "model.tiny_heads=2", "model.tiny_kv_heads=1", "model.tiny_intermediate=64", "model.tiny_vocab=1024",
-    "sft.steps=0", "sft.read_steps=0", "model.lora_rank=4",
+    "algo.tasks_per_iter=2",
+    "algo.num_strategies=2",
+    "algo.traj_per_strategy=2",
+    "algo.oversample=2",
+    "algo.judgment=False",
+    "env.max_steps=4",
+    "env.horizon_min=2",
+    "env.horizon_max=4",
+    "eval.every=0",
+    "checkpoint.every=1",
+    "train.mini_batch_rows=16",
+    "train.lr=1e-2",
+    "train.recompute_old_logp=True",
+    "train.length_buckets=(512,)",
+    "sampling.max_action_tokens=12",
+    "sampling.max_strategy_tokens=16",
+    "sampling.max_judge_tokens=8",
+    "sampling.prompt_buckets=(512,)",
+    "sampling.batch_buckets=(16,)",
+    "log.progress=False",
+    "log.plots_every=0",
+    "model.tiny_hidden=32",
+    "model.tiny_layers=1",
+    "model.tiny_heads=2",
+    "model.tiny_kv_heads=1",
+    "model.tiny_intermediate=64",
+    "model.tiny_vocab=1024",
+    "sft.steps=0",
+    "sft.read_steps=0",
+    "model.lora_rank=4",
 ]
 ITERATIONS = 2  # a top-level key: configs.base.apply_overrides reaches nested keys only
 GRID = "invalid_penalty=0.1,0.4"  # 0.1 is the config's own: copy 0 is the straight run
@@ -281,13 +319,19 @@ def _config(model_path, *extra):
 
 
 def _flags(model_path, *extra) -> list[str]:
-    return [*CONFIG, *(f"--config.{o}" for o in OVERRIDES), f"--config.iterations={ITERATIONS}",
-            f"--config.model.path={model_path}", *extra]
+    return [
+        *CONFIG,
+        *(f"--config.{o}" for o in OVERRIDES),
+        f"--config.iterations={ITERATIONS}",
+        f"--config.model.path={model_path}",
+        *extra,
+    ]
 
 
 def _saved(directory, step: int) -> dict:
     """{path: array} of the train state a checkpoint holds, read against its own metadata."""
-    from strata_jax.checkpoint import Checkpointer, _flat as ck_flat, _nest
+    from strata_jax.checkpoint import Checkpointer, _nest
+    from strata_jax.checkpoint import _flat as ck_flat
 
     ck = Checkpointer(directory, async_save=False)
     try:
@@ -354,7 +398,7 @@ def test_sampler_decodes_the_merged_plain_model(lora_run, model_path):
     tokens = np.zeros((len(seqs), width), np.int32)
     mask = np.zeros((len(seqs), width), bool)
     for i, s in enumerate(seqs):  # left-padded, as the scoring pads
-        tokens[i, width - len(s):], mask[i, width - len(s):] = s, True
+        tokens[i, width - len(s) :], mask[i, width - len(s) :] = s, True
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
     ours = _logits(run.graphdef, run.state.model_params, tokens, pos, mask)  # unmerged LoRA model
     base = _logits(run.graphdef, run.reference_params(), tokens, pos, mask)
@@ -407,9 +451,11 @@ def test_export_merged_and_peft_adapter_give_our_logits(lora_run, exported, mode
 
     def torch_logits(model):
         with torch.no_grad():
-            out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                        attention_mask=torch.tensor(mask.astype(np.int64)),
-                        position_ids=torch.tensor(pos, dtype=torch.long)).logits.numpy()
+            out = model(
+                input_ids=torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(mask.astype(np.int64)),
+                position_ids=torch.tensor(pos, dtype=torch.long),
+            ).logits.numpy()
         return out[mask]
 
     merged = AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.float32).eval()

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 from strata_jax.batch import TokenBatch
-from strata_jax.loss import (LossConfig, combine_metrics, config_from_dict, empty_metrics, finalize_metrics,
-                             policy_loss, row_weights)
+from strata_jax.loss import (
+    LossConfig,
+    combine_metrics,
+    config_from_dict,
+    empty_metrics,
+    finalize_metrics,
+    policy_loss,
+    row_weights,
+)
 
 S, L = 6, 9
 
@@ -36,10 +43,15 @@ def _make(seed=0):
 
 def _batch(d):
     return TokenBatch(
-        tokens=jnp.zeros((S, L), jnp.int32), attention_mask=jnp.ones((S, L), bool),
-        loss_mask=jnp.asarray(d["mask"]), old_logp=jnp.asarray(d["old"], jnp.float32),
-        ref_logp=jnp.asarray(d["ref"], jnp.float32), advantage=jnp.asarray(d["adv"], jnp.float32),
-        row_index=jnp.asarray(d["row_index"]), row_valid=jnp.asarray(d["valid"]))
+        tokens=jnp.zeros((S, L), jnp.int32),
+        attention_mask=jnp.ones((S, L), bool),
+        loss_mask=jnp.asarray(d["mask"]),
+        old_logp=jnp.asarray(d["old"], jnp.float32),
+        ref_logp=jnp.asarray(d["ref"], jnp.float32),
+        advantage=jnp.asarray(d["adv"], jnp.float32),
+        row_index=jnp.asarray(d["row_index"]),
+        row_valid=jnp.asarray(d["valid"]),
+    )
 
 
 def _reference(d, eps_low, eps_high, c, beta, ent_coef, agg, lam, bonus):
@@ -79,8 +91,11 @@ def _reference(d, eps_low, eps_high, c, beta, ent_coef, agg, lam, bonus):
             den = sum(1 for r in per_row if r[k])
         out[k] = num / den
     out["clip_frac"] = np.mean(tok["clip"])
-    out["ratio_mean"], out["ratio_max"], out["ratio_min"] = (np.mean(tok["ratio"]), np.max(tok["ratio"]),
-                                                            np.min(tok["ratio"]))
+    out["ratio_mean"], out["ratio_max"], out["ratio_min"] = (
+        np.mean(tok["ratio"]),
+        np.max(tok["ratio"]),
+        np.min(tok["ratio"]),
+    )
     return out
 
 
@@ -89,8 +104,15 @@ def _reference(d, eps_low, eps_high, c, beta, ent_coef, agg, lam, bonus):
 @pytest.mark.parametrize("eps", [(0.2, 0.2), (0.2, 0.28)])
 def test_loss_matches_numpy(agg, bonus, eps):
     d = _make(1)
-    cfg = LossConfig(eps_low=eps[0], eps_high=eps[1], dual_clip=3.0, kl_coef=0.05, entropy_coef=0.01,
-                     aggregation=agg, entropy_bonus=bonus)
+    cfg = LossConfig(
+        eps_low=eps[0],
+        eps_high=eps[1],
+        dual_clip=3.0,
+        kl_coef=0.05,
+        entropy_coef=0.01,
+        aggregation=agg,
+        entropy_bonus=bonus,
+    )
     lam = 0.5
     fn = jax.jit(lambda lp, b, e, lam: policy_loss(lp, b, cfg, lam, e))
     loss_sum, count, m = fn(jnp.asarray(d["logp"], jnp.float32), _batch(d), jnp.asarray(d["ent"], jnp.float32), lam)
@@ -164,7 +186,7 @@ def test_microbatch_sums_equal_full_batch(agg):
     full_sum, full_cnt, full_m = policy_loss(lp, b, cfg, 0.5)
     acc_s, acc_c, acc_m = 0.0, 0.0, None
     for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
-        part = jax.tree.map(lambda x: x[rows], b)
+        part = jax.tree.map(lambda x, rows=rows: x[rows], b)
         s_, c_, m_ = policy_loss(lp[rows], part, cfg, 0.5)
         acc_s, acc_c = acc_s + s_, acc_c + c_
         acc_m = combine_metrics(empty_metrics(m_) if acc_m is None else acc_m, m_)
@@ -180,10 +202,12 @@ def test_gradient_matches_numpy_and_ignores_off_mask_nan():
     cfg = LossConfig(kl_coef=0.05)
     b = _batch(d)
     # garbage where the loss mask is off must not reach the loss or its gradient
-    b = b.replace(advantage=jnp.where(b.loss_mask, b.advantage, jnp.nan),
-                  old_logp=jnp.where(b.loss_mask, b.old_logp, jnp.inf))
+    b = b.replace(
+        advantage=jnp.where(b.loss_mask, b.advantage, jnp.nan), old_logp=jnp.where(b.loss_mask, b.old_logp, jnp.inf)
+    )
     grad = jax.grad(lambda lp: (lambda s, c, _: s / c)(*policy_loss(lp, b, cfg, 0.5)))(
-        jnp.asarray(d["logp"], jnp.float32))
+        jnp.asarray(d["logp"], jnp.float32)
+    )
     assert np.isfinite(np.asarray(grad)).all()
     h = 1e-6
     for s, i in [(0, 3), (1, 4), (2, 5), (3, 0), (0, 1)]:
@@ -193,8 +217,10 @@ def test_gradient_matches_numpy_and_ignores_off_mask_nan():
         up["logp"], dn["logp"] = d["logp"].copy(), d["logp"].copy()
         up["logp"][s, i] += h
         dn["logp"][s, i] -= h
-        fd = (_reference(up, 0.2, 0.2, 3.0, 0.05, 0, "token_mean", 0.5, False)["loss"]
-              - _reference(dn, 0.2, 0.2, 3.0, 0.05, 0, "token_mean", 0.5, False)["loss"]) / (2 * h)
+        fd = (
+            _reference(up, 0.2, 0.2, 3.0, 0.05, 0, "token_mean", 0.5, False)["loss"]
+            - _reference(dn, 0.2, 0.2, 3.0, 0.05, 0, "token_mean", 0.5, False)["loss"]
+        ) / (2 * h)
         np.testing.assert_allclose(float(grad[s, i]), fd, rtol=1e-3, atol=1e-6, err_msg=str((s, i)))
 
 
@@ -224,12 +250,20 @@ def test_strategy_token_gradient_is_lambda_times_strategy_advantage():
     P, N, M, H = 1, 2, 2, 1
     won = np.array([[[True, True], [False, False]]])
     traj = TrajectoryBatch.from_numpy(
-        step_mask=np.ones((P, N, M, H), bool), won=won, episode_return=(10.0 * won).astype(np.float32),
-        env_reward=np.zeros((P, N, M, H), np.float32), invalid=np.zeros((P, N, M, H), bool),
-        milestone=np.zeros((P, N, M, H), bool), judged_bad=np.zeros((P, N, M, H), bool),
-        anchor_id=np.zeros((P, N, M, H), np.int64), action_id=np.zeros((P, N, M, H), np.int64),
-        strategy_mask=np.ones((P, N), bool), strategy_len=np.full((P, N), 10, np.int32),
-        strategy_malformed=np.zeros((P, N), bool), horizon=np.full((P,), 2, np.int32))
+        step_mask=np.ones((P, N, M, H), bool),
+        won=won,
+        episode_return=(10.0 * won).astype(np.float32),
+        env_reward=np.zeros((P, N, M, H), np.float32),
+        invalid=np.zeros((P, N, M, H), bool),
+        milestone=np.zeros((P, N, M, H), bool),
+        judged_bad=np.zeros((P, N, M, H), bool),
+        anchor_id=np.zeros((P, N, M, H), np.int64),
+        action_id=np.zeros((P, N, M, H), np.int64),
+        strategy_mask=np.ones((P, N), bool),
+        strategy_len=np.full((P, N), 10, np.int32),
+        strategy_malformed=np.zeros((P, N), bool),
+        horizon=np.full((P,), 2, np.int32),
+    )
     lam = 0.5
     adv = compute_advantages(traj, AdvantageParams(lam_strategy=lam), "strata")
     a_str = 1.0 / np.sqrt(2.0)  # norm([1, 0]) with ddof 1
@@ -240,9 +274,16 @@ def test_strategy_token_gradient_is_lambda_times_strategy_advantage():
     loss_mask = np.array([[0, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1]], bool)
     row_index = np.array([[0, 0, 0, -1], [0, 1, 0, -1], [0, 0, 0, 0]], np.int32)
     zeros = jnp.zeros((3, Lr), jnp.float32)
-    tb = TokenBatch(tokens=jnp.zeros((3, Lr), jnp.int32), attention_mask=jnp.ones((3, Lr), bool),
-                    loss_mask=jnp.asarray(loss_mask), old_logp=zeros, ref_logp=zeros, advantage=zeros,
-                    row_index=jnp.asarray(row_index), row_valid=jnp.ones(3, bool))
+    tb = TokenBatch(
+        tokens=jnp.zeros((3, Lr), jnp.int32),
+        attention_mask=jnp.ones((3, Lr), bool),
+        loss_mask=jnp.asarray(loss_mask),
+        old_logp=zeros,
+        ref_logp=zeros,
+        advantage=zeros,
+        row_index=jnp.asarray(row_index),
+        row_valid=jnp.ones(3, bool),
+    )
     tb = gather_advantages(adv.step, adv.strategy, tb)
     cfg = LossConfig(kl_coef=1e-9)  # KL gradient is 0 at logp = ref anyway
 

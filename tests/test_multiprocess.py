@@ -56,12 +56,15 @@ def test_merged_shards_equal_one_collect_over_all_tasks():
     from rollout.shards import merge_results, shard_tasks, to_host
     from tests.test_collect import Corridor
 
-    cfg = RolloutConfig(mode="strata", num_strategies=2, traj_per_strategy=2, oversample=2, max_steps=4,
-                        progress=False, row_multiple=8)
+    cfg = RolloutConfig(
+        mode="strata", num_strategies=2, traj_per_strategy=2, oversample=2, max_steps=4, progress=False, row_multiple=8
+    )
     tasks = [5, 2, 4, 6]
     whole = collect([Corridor(4) for _ in range(16)], ScriptedPolicy(_content_script), tasks, cfg)
-    parts = [to_host(collect([Corridor(4) for _ in range(8)], ScriptedPolicy(_content_script), t, cfg))
-             for t in shard_tasks(tasks, 2)]
+    parts = [
+        to_host(collect([Corridor(4) for _ in range(8)], ScriptedPolicy(_content_script), t, cfg))
+        for t in shard_tasks(tasks, 2)
+    ]
     merged = merge_results(parts, cfg)
     # the shards differ (goal room 3 and 2 vs 2 and 2): not one batch repeated
     assert not np.array_equal(np.asarray(parts[0].tokens.tokens), np.asarray(parts[1].tokens.tokens))
@@ -72,8 +75,9 @@ def test_merged_shards_equal_one_collect_over_all_tasks():
         else:
             np.testing.assert_array_equal(a, b, err_msg=name)
     for name in whole.tokens.__dataclass_fields__:
-        np.testing.assert_array_equal(np.asarray(getattr(merged.tokens, name)),
-                                      np.asarray(getattr(whole.tokens, name)), err_msg=name)
+        np.testing.assert_array_equal(
+            np.asarray(getattr(merged.tokens, name)), np.asarray(getattr(whole.tokens, name)), err_msg=name
+        )
     timing = {"time_s", "policy_time_s", "env_time_s", "build_time_s", "non_policy_share"}
     assert list(merged.stats) == list(whole.stats)
     for k in set(whole.stats) - timing:
@@ -125,11 +129,14 @@ def test_distributed_options_fall_back_to_jax_environment_variables(monkeypatch)
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
     monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
     monkeypatch.setenv("JAX_PROCESS_ID", "3")
-    assert sh.distributed_options(cfg) == {"coordinator_address": "10.0.0.1:1234", "num_processes": 4,
-                                           "process_id": 3}
+    assert sh.distributed_options(cfg) == {"coordinator_address": "10.0.0.1:1234", "num_processes": 4, "process_id": 3}
     given = {**cfg, "coordinator_address": "h:1", "num_processes": 2, "process_id": 0, "local_device_ids": "0,1"}
-    assert sh.distributed_options(given) == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0,
-                                             "local_device_ids": [0, 1]}  # config wins over the environment
+    assert sh.distributed_options(given) == {
+        "coordinator_address": "h:1",
+        "num_processes": 2,
+        "process_id": 0,
+        "local_device_ids": [0, 1],
+    }  # config wins over the environment
     monkeypatch.setenv("JAX_PROCESS_ID", "five")
     with pytest.raises(sh.ShardingError, match="JAX_PROCESS_ID"):
         sh.distributed_options(cfg)
@@ -162,8 +169,9 @@ def _launch_together(commands: dict[str, list[str]], logdir: pathlib.Path, timeo
     procs = {}
     for name, args in commands.items():
         out, err = open(logdir / f"{name}.out", "w"), open(logdir / f"{name}.err", "w")
-        procs[name] = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], cwd=REPO, env=env,
-                                       stdout=out, stderr=err)
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(REPO / "launch.py"), *args], cwd=REPO, env=env, stdout=out, stderr=err
+        )
     deadline = time.monotonic() + timeout
     problem = None
     while problem is None and any(p.poll() is None for p in procs.values()):
@@ -216,17 +224,25 @@ def two_process_and_reference(tmp_path_factory):
     model = sft / "sft_model"
     common = [*CONFIG, *SMALL, *ITERATIONS, *start_from_flags(model)]
     multi, single = tmp_path_factory.mktemp("mp_two"), tmp_path_factory.mktemp("mp_one")
-    dist = ["--config.mesh.distributed=True", f"--config.mesh.coordinator_address=localhost:{_free_port()}",
-            "--config.mesh.num_processes=2"]
+    dist = [
+        "--config.mesh.distributed=True",
+        f"--config.mesh.coordinator_address=localhost:{_free_port()}",
+        "--config.mesh.num_processes=2",
+    ]
     logs = tmp_path_factory.mktemp("mp_logs")
-    _launch_together({
-        "process0": [*common, *dist, "--config.mesh.process_id=0", "--workdir", str(multi)],
-        "process1": [*common, *dist, "--config.mesh.process_id=1", "--workdir", str(multi)],
-        "reference": [*common, "--config.mesh.rollout_shards=2", "--workdir", str(single)],
-    }, logs, timeout=900)
+    _launch_together(
+        {
+            "process0": [*common, *dist, "--config.mesh.process_id=0", "--workdir", str(multi)],
+            "process1": [*common, *dist, "--config.mesh.process_id=1", "--workdir", str(multi)],
+            "reference": [*common, "--config.mesh.rollout_shards=2", "--workdir", str(single)],
+        },
+        logs,
+        timeout=900,
+    )
     return multi, single, model
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_params_as_one(two_process_and_reference):
     multi, single, _ = two_process_and_reference
     got = _checkpoint_arrays(multi / "checkpoints" / "2" / "state")
@@ -243,6 +259,7 @@ def test_two_processes_train_the_same_params_as_one(two_process_and_reference):
     assert moved > 1e-3, moved
 
 
+@pytest.mark.slow
 def test_two_processes_report_the_same_metrics_as_one(two_process_and_reference):
     multi, single, _ = two_process_and_reference
     got, want = _metrics(multi), _metrics(single)
@@ -258,6 +275,7 @@ def test_two_processes_report_the_same_metrics_as_one(two_process_and_reference)
     assert "eval/success" in got[0] and "eval/success" in got[2]  # process 0 evaluated alone
 
 
+@pytest.mark.slow
 def test_process_zero_saves_the_global_batch(two_process_and_reference):
     multi, single, _ = two_process_and_reference
     for it in (1, 2):

@@ -42,7 +42,8 @@ assert sys.modules["torch"] is None
 def test_runtime_path_needs_no_torch(tmp_path):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
-                       env=env, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert r.stdout.split() == ["ok", "qwen2", "qwen2", "ok", "llama", "llama"]

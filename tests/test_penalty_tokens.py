@@ -47,15 +47,18 @@ def test_mask_covers_the_command_words_only():
 ROOM = ["go to cabinet 1", "go to cabinet 2", "go to desk 1", "take pen 1 from desk 1", "look"]
 
 
-@pytest.mark.parametrize("text, wrong", [
-    # words: 0 <think> 1 go 2 on 3 </think> 4 <action> 5.. the command, then </action>
-    ("<think> go on </think> <action> go to cabinet 3 </action>", 8),  # "3": no cabinet 3 here
-    ("<think> go on </think> <action> go to sofa 1 </action>", 7),  # "sofa": no sofa
-    ("<think> go on </think> <action> fly to desk 1 </action>", 5),  # the first word already
-    ("<think> go on </think> <action> take pen 1 from cabinet 1 </action>", 9),  # right until "cabinet"
-    ("<think> go on </think> <action> GO To cabinet 7 </action>", 8),  # case does not matter: "7"
-    ("<think> go on </think> <action> go to cabinet </action>", 8),  # cut short: the closing tag
-])
+@pytest.mark.parametrize(
+    "text, wrong",
+    [
+        # words: 0 <think> 1 go 2 on 3 </think> 4 <action> 5.. the command, then </action>
+        ("<think> go on </think> <action> go to cabinet 3 </action>", 8),  # "3": no cabinet 3 here
+        ("<think> go on </think> <action> go to sofa 1 </action>", 7),  # "sofa": no sofa
+        ("<think> go on </think> <action> fly to desk 1 </action>", 5),  # the first word already
+        ("<think> go on </think> <action> take pen 1 from cabinet 1 </action>", 9),  # right until "cabinet"
+        ("<think> go on </think> <action> GO To cabinet 7 </action>", 8),  # case does not matter: "7"
+        ("<think> go on </think> <action> go to cabinet </action>", 8),  # cut short: the closing tag
+    ],
+)
 def test_divergence_mask_is_the_first_wrong_token(text, wrong):
     pol, g = _gen(text)
     mask = penalty_token_mask(g, INADMISSIBLE, pol.decode, "divergence", ROOM)
@@ -81,8 +84,7 @@ def test_gathered_advantages_put_the_penalty_on_the_masked_tokens(mode):
     # command, then walks; both win in 2 / 3 steps. Trajectory 2 waits and loses.
     script = {0: [RIGHT, RIGHT], 1: [WRONG, RIGHT, RIGHT], 2: [NO_TAG] * 4}
     pol = ScriptedPolicy(lambda msgs, kind, key: script[key[2]][key[3]] if kind == "action" else "")
-    cfg = RolloutConfig(mode="flat", group_size=3, max_steps=4, judgment=False, progress=False,
-                        penalty_tokens=mode)
+    cfg = RolloutConfig(mode="flat", group_size=3, max_steps=4, judgment=False, progress=False, penalty_tokens=mode)
     res = collect([Corridor(max_steps=4) for _ in range(3)], pol, [0], cfg)
     params = AdvantageParams(invalid_penalty=0.5)
     adv = compute_advantages(res.traj, params, "grpo")
@@ -107,8 +109,9 @@ def test_gathered_advantages_put_the_penalty_on_the_masked_tokens(mode):
         np.testing.assert_allclose(row[on], base - 0.5, atol=1e-6)
         np.testing.assert_allclose(row[~on], base, atol=1e-6)
     # without the mask (or the penalty) every token carries the full step advantage, as before
-    plain = gather_advantages(adv.step, adv.strategy, res.tokens.replace(penalty_mask=None),
-                              invalid_penalty(res.traj, params))
+    plain = gather_advantages(
+        adv.step, adv.strategy, res.tokens.replace(penalty_mask=None), invalid_penalty(res.traj, params)
+    )
     for s, (p, n, m, t) in enumerate(np.asarray(tb.row_index)):
         if tb.row_valid[s]:
             assert np.allclose(np.asarray(plain.advantage)[s][lm[s]], step[p, n, m, t])

@@ -30,6 +30,7 @@ from rollout.run import Run
 from rollout.setup import make_mesh
 from rollout.warmstart import model_dir
 from strata_jax import train as T
+from strata_jax.names import ALGOS
 from tests.test_train import FAST, LOSS, one_device, random_batch, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -103,6 +104,7 @@ def _compare_rows(got: list[dict], want: list[dict]) -> None:
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-6), (a["iteration"], key, a[key], b[key])
 
 
+@pytest.mark.slow
 def test_population_equals_separate_runs_and_resumes_exactly(model_path, tmp_path):
     """invalid_penalty (not delta) differs between the copies: the random tiny model fails every
     task, so every return is 0 and delta would leave the copies identical; every step is invalid,
@@ -145,8 +147,9 @@ def test_population_equals_separate_runs_and_resumes_exactly(model_path, tmp_pat
     assert resumed.start_iteration == ITERATIONS + 1
     assert _max_diff(resumed.state.params, final.params) < 1e-6
     for label in pop.labels:
-        _compare_rows(_metrics(killed / "copies" / label / "metrics.jsonl"),
-                      _metrics(work / "copies" / label / "metrics.jsonl"))
+        _compare_rows(
+            _metrics(killed / "copies" / label / "metrics.jsonl"), _metrics(work / "copies" / label / "metrics.jsonl")
+        )
 
 
 def test_vmapped_step_pads_columns_and_idles_copies_exactly():
@@ -190,8 +193,14 @@ def test_grids_that_cannot_be_vmapped_are_refused_by_name():
         population.copy_configs(small_config(), [{"delta": 1.5}])
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "ablate", "--train", "--grid", "num_strategies=2,4"],
-                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "ablate", "--train", "--grid", "num_strategies=2,4"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 2 and "'num_strategies' cannot be trained" in r.stderr, r.stderr[-2000:]
 
 
@@ -201,7 +210,7 @@ def test_grids_over_a_parameter_the_algorithm_does_not_read_are_refused():
     from rollout.ablate import READ_BY, parse_grid
 
     for name, algos in READ_BY.items():
-        for algo in ("grpo", "gigpo", "strata", "beacon", "strata+beacon"):
+        for algo in ALGOS:
             spec = [f"{name}=0.5,0.9"]
             if algo in algos:
                 assert list(population.parse_train_grid(spec, algo)) == [name]
@@ -213,26 +222,33 @@ def test_grids_over_a_parameter_the_algorithm_does_not_read_are_refused():
         parse_grid(["gamma=0.8,0.95"], algo="strata")  # `launch.py ablate` re-scoring too
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, str(REPO / "launch.py"), "ablate", "--train", "--grid", "gamma=0.8,0.95"],
-                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "ablate", "--train", "--grid", "gamma=0.8,0.95"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 2 and "'gamma' is not read by algo.name='strata'" in r.stderr, r.stderr[-2000:]
 
 
 def test_memory_check_refuses_only_what_cannot_fit():
     """K x (params + AdamW moments + gradients) + reference params, against the devices' memory."""
+
     def state(n_params):  # fp32 params, AdamW's two moments
         leaf = jax.ShapeDtypeStruct((n_params,), jnp.float32)
         return types.SimpleNamespace(params={"w": leaf}, opt_state=({"mu": leaf}, {"nu": leaf}))
 
-    h200 = 141 * 2 ** 30
+    h200 = 141 * 2**30
     small = population.check_memory(state(500_000_000), 4, h200, "1 x H200")  # 0.5B: 4 x 4 x 2 + 2 = 34 GB
     assert small["needed_bytes"] == (4 * 4 + 1) * 2_000_000_000
     # 1.9B params (7.6 GB): 4 x 4 x 7.6 + 7.6 = 129.2 GB = 120.3 GiB > 100 GiB
     with pytest.raises(MemoryError, match=r"K=4 copies cannot fit in 1 x H200 \(100\.0 GiB\).* = 120\.3 GiB"):
-        population.check_memory(state(1_900_000_000), 4, 100 * 2 ** 30, "1 x H200")
+        population.check_memory(state(1_900_000_000), 4, 100 * 2**30, "1 x H200")
     # LoRA: 4 copies of 10M adapters (4 x 4 x 40 MB) over one 1.9B base held twice (frozen + merged
     # decode copy, 2 x 7.6 GB): 15.84 GB, where full fine-tuning needed 129.2 GB
     lora = state(10_000_000)
     lora.frozen = {"w": jax.ShapeDtypeStruct((1_900_000_000,), jnp.float32)}
-    fits = population.check_memory(lora, 4, 100 * 2 ** 30, "1 x H200")
+    fits = population.check_memory(lora, 4, 100 * 2**30, "1 x H200")
     assert fits["needed_bytes"] == 4 * 4 * 40_000_000 + 2 * 7_600_000_000

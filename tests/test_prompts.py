@@ -6,8 +6,12 @@ from rollout.parsing import parse_action, parse_bad_steps, parse_strategy
 from rollout.policy import render
 from rollout.prompts import judge_prompt, step_prompt, strategy_prompt
 
-HIST = [("obs one", "go to desk 1"), ("obs two", "open drawer 1"), ("obs three", ""),
-        ("obs four", "take pen 1 from drawer 1")]
+HIST = [
+    ("obs one", "go to desk 1"),
+    ("obs two", "open drawer 1"),
+    ("obs three", ""),
+    ("obs four", "take pen 1 from drawer 1"),
+]
 
 
 def _content(msgs):
@@ -17,9 +21,17 @@ def _content(msgs):
 
 
 def test_step_prompt_is_non_cumulative_and_complete():
-    text = _content(step_prompt("put a pen in drawer", "You see a pen 1.", ["look", "go to desk 1"],
-                                history=HIST, strategy="search desks first", step=4,
-                                history_length=2))
+    text = _content(
+        step_prompt(
+            "put a pen in drawer",
+            "You see a pen 1.",
+            ["look", "go to desk 1"],
+            history=HIST,
+            strategy="search desks first",
+            step=4,
+            history_length=2,
+        )
+    )
     assert "Your task is to: put a pen in drawer" in text
     assert "Your strategy for this episode: search desks first" in text
     # only the last two steps, numbered by their position in the episode
@@ -45,8 +57,7 @@ def test_strategy_prompt():
 
 def test_judge_prompt_numbers_steps_with_excerpts():
     long_obs = "word " * 100
-    text = _content(judge_prompt("find pen", "search desks", [(long_obs, "look"), ("b", "")],
-                                 excerpt_chars=20))
+    text = _content(judge_prompt("find pen", "search desks", [(long_obs, "look"), ("b", "")], excerpt_chars=20))
     assert "find pen" in text and "search desks" in text
     assert "1. Observation: " + ("word " * 3) in text and "| Action: look" in text
     assert "word " * 10 not in text  # the observation is cut to an excerpt
@@ -67,8 +78,10 @@ def _chat_tokenizer():
 
     vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=template, unk_token="[UNK]")
 
 
@@ -79,23 +92,37 @@ def test_render_applies_chat_template_with_generation_prompt():
 
 
 def test_step_prompt_repeats_the_first_observation_from_the_second_step():
-    first = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
-             "around you, you see a cabinet 1, and a desk 1. The pen 1 is in the cabinet 1.\n\n"
-             "Your task is to: put a pen in desk.")
+    first = (
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
+        "around you, you see a cabinet 1, and a desk 1. The pen 1 is in the cabinet 1.\n\n"
+        "Your task is to: put a pen in desk."
+    )
     at0 = _content(step_prompt("put a pen in desk.", first, ["go to cabinet 1"], step=0, first_observation=first))
     assert "At the start you saw" not in at0  # step 0: it is the current observation
-    later = _content(step_prompt("put a pen in desk.", "You arrive at desk 1.", ["look"], history=HIST[:1],
-                                 step=1, history_length=1, first_observation=first))
+    later = _content(
+        step_prompt(
+            "put a pen in desk.",
+            "You arrive at desk 1.",
+            ["look"],
+            history=HIST[:1],
+            step=1,
+            history_length=1,
+            first_observation=first,
+        )
+    )
     line = next(ln for ln in later.splitlines() if ln.startswith("At the start you saw: "))
-    assert line == ("At the start you saw: You are in the middle of a room. Looking quickly around you, "
-                    "you see a cabinet 1, and a desk 1. The pen 1 is in the cabinet 1.")
+    assert line == (
+        "At the start you saw: You are in the middle of a room. Looking quickly around you, "
+        "you see a cabinet 1, and a desk 1. The pen 1 is in the cabinet 1."
+    )
     assert "Welcome" not in later and later.count("Your task is to:") == 1
     off = _content(step_prompt("t", "o", ["look"], step=3, first_observation=None))
     assert "At the start" not in off
 
 
 def test_household_prompts_keep_revealed_locations_every_step():
-    """With history 1 the revealed locations used to leave the prompt from step 3 on (issue #13)."""
+    """With history 1 the revealed locations stay in every step's prompt, not only while the step
+    that revealed them is in the history window."""
     from rollout.collect import RolloutConfig, collect
     from rollout.demos import expert_script
     from rollout.envs.household import HouseholdEnv
@@ -135,8 +162,16 @@ def test_the_longest_self_judgment_prompt_fits_the_prompt_buckets(name, tmp_path
 
     c = importlib.import_module(f"configs.{name}").get_config()
     c.log.progress = False
-    path = make_tiny_model(tmp_path / "m", texts=corpus(c), vocab_size=int(c.model.tiny_vocab), hidden_size=16,
-                           layers=1, heads=2, kv_heads=1, intermediate_size=32)
+    path = make_tiny_model(
+        tmp_path / "m",
+        texts=corpus(c),
+        vocab_size=int(c.model.tiny_vocab),
+        hidden_size=16,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate_size=32,
+    )
     tok = load_tokenizer(path)
     env = make_env(c.env.name, **expert_env_kwargs(c))
     obs, _ = env.reset(seed=3)
@@ -149,9 +184,15 @@ def test_the_longest_self_judgment_prompt_fits_the_prompt_buckets(name, tmp_path
     def budget_long(text: str, budget: int) -> str:
         return tok.decode(tok.encode((text + " ") * 64, add_special_tokens=False)[:budget])
 
-    action = "<action>" + budget_long("search[womens waterproof hiking boots] put mug 1 in/on coffeemachine 1",
-                                      c.sampling.max_action_tokens)
-    strategy = budget_long("go to countertop 1, take mug 1, heat it with microwave 1, then buy", c.sampling.max_strategy_tokens)
-    n = len(tok.encode(render(judge_prompt(task, strategy, [(obs, action)] * c.env.max_steps), tok),
-                       add_special_tokens=False))
+    action = "<action>" + budget_long(
+        "search[womens waterproof hiking boots] put mug 1 in/on coffeemachine 1", c.sampling.max_action_tokens
+    )
+    strategy = budget_long(
+        "go to countertop 1, take mug 1, heat it with microwave 1, then buy", c.sampling.max_strategy_tokens
+    )
+    n = len(
+        tok.encode(
+            render(judge_prompt(task, strategy, [(obs, action)] * c.env.max_steps), tok), add_special_tokens=False
+        )
+    )
     assert n <= max(c.sampling.prompt_buckets), (n, c.sampling.prompt_buckets)

@@ -18,8 +18,8 @@ from configs.tiny_household import get_config
 from rollout.envs.household import HouseholdEnv
 from rollout.envs.household_world import reachable_types, task_type_of
 from rollout.setup import train_tasks
-from strata_jax import sharding as sh
 from strata_jax import sft
+from strata_jax import sharding as sh
 from strata_jax import train as T
 from strata_jax.batch import pad_token_rows
 from strata_jax.models.config import ModelConfig
@@ -30,8 +30,18 @@ V = 64
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32, num_layers=1,
-                      num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True, qkv_bias=True)
+    cfg = ModelConfig(
+        arch="qwen2",
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+    )
     return nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
 
 
@@ -117,11 +127,14 @@ def test_reachable_types_follow_the_horizon():
     assert "pick_two" in reachable_types(2, 12)
 
 
-@pytest.mark.parametrize("key,value,fragment", [
-    ("train.ptx_coef", -1.0, "ptx_coef=-1.0 must be >= 0"),
-    ("train.ptx_rows", 0, "ptx_rows=0"),
-    ("train.rl_update", False, "rl_update=False leaves the update nothing to do"),
-])
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("train.ptx_coef", -1.0, "ptx_coef=-1.0 must be >= 0"),
+        ("train.ptx_rows", 0, "ptx_rows=0"),
+        ("train.rl_update", False, "rl_update=False leaves the update nothing to do"),
+    ],
+)
 def test_bad_ptx_settings_name_the_key(key, value, fragment):
     c = get_config()
     sec, name = key.split(".")

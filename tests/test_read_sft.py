@@ -16,11 +16,13 @@ def test_read_weights_mark_copied_content_words_by_hand():
     responses = [[7, 1, 2, 5], [7, 2, 3], [7, 3, 1], [7, 4, 4, 2], [9, 2, 3, 4, 9]]
     got = read_token_weights(contexts, responses, max_share=0.5)
     # 7-kind contexts: 1 in 4/4 (out), 2 in 2/4, 3 in 1/4, 4 in 1/4, 5 in 1/4 (all in)
-    want = [[0, 0, 1, 1],  # 5 is copied from this row's own context
-            [0, 1, 0],  # 3 is content but not in this row's context
-            [0, 1, 0],
-            [0, 1, 1, 0],  # 2 is content, but not in this context
-            [0, 0, 0, 0, 0]]  # the 9-kind has one context: every token is in 1/1 > 0.5
+    want = [
+        [0, 0, 1, 1],  # 5 is copied from this row's own context
+        [0, 1, 0],  # 3 is content but not in this row's context
+        [0, 1, 0],
+        [0, 1, 1, 0],  # 2 is content, but not in this context
+        [0, 0, 0, 0, 0],
+    ]  # the 9-kind has one context: every token is in 1/1 > 0.5
     assert [w.tolist() for w in got] == want
     assert all(w.dtype == np.float32 for w in got)
     # a looser share keeps the one-context kind's words
@@ -42,9 +44,17 @@ def signs(tmp_path_factory):
     c.env.horizon_min = c.env.horizon_max = c.env.max_steps = 4
     path = tmp_path_factory.mktemp("signs") / "init"
     m = c.model
-    make_tiny_model(path, texts=corpus(c), vocab_size=int(m.tiny_vocab), hidden_size=int(m.tiny_hidden),
-                    layers=int(m.tiny_layers), heads=int(m.tiny_heads), kv_heads=int(m.tiny_kv_heads),
-                    intermediate_size=int(m.tiny_intermediate), seed=0)
+    make_tiny_model(
+        path,
+        texts=corpus(c),
+        vocab_size=int(m.tiny_vocab),
+        hidden_size=int(m.tiny_hidden),
+        layers=int(m.tiny_layers),
+        heads=int(m.tiny_heads),
+        kv_heads=int(m.tiny_kv_heads),
+        intermediate_size=int(m.tiny_intermediate),
+        seed=0,
+    )
     return c, path, load_tokenizer(path)
 
 
@@ -56,8 +66,14 @@ def test_context_is_task_strategy_and_observation_without_the_options(signs):
 
     _, _, tok = signs
     obs = "You are at door 3 of 4. A sign here reads: black. From this door on, only that colour opens."
-    msgs = step_prompt("go through every door.", obs, ["open the red door", "open the white door"],
-                       strategy=DOORS_STRATEGY, step=2, history_length=0)
+    msgs = step_prompt(
+        "go through every door.",
+        obs,
+        ["open the red door", "open the white door"],
+        strategy=DOORS_STRATEGY,
+        step=2,
+        history_length=0,
+    )
     ids = np.asarray(tok.encode(render(msgs, tok), add_special_tokens=False))
     text = tok.decode(list(context_tokens(ids, tok)))
     assert text.startswith("Your task is to: go through every door.")
@@ -80,8 +96,11 @@ def test_signpost_rows_read_the_signs_colour_and_nothing_the_template_gives(sign
     w = read_token_weights([context_tokens(p, tok) for p, _ in rows], [r for _, r in rows])
     read = [tok.decode([int(t)]).strip() for (_, r), x in zip(rows, w) for t in r[x > 0]]
     assert set(read) <= set(COLORS[1:6]) and len(set(read)) == 5
-    at_sign = [(p, r, x) for (p, r), x in zip(rows, w) if "A sign here reads" in tok.decode(list(p))
-               and "<action>" in tok.decode(list(r))]
+    at_sign = [
+        (p, r, x)
+        for (p, r), x in zip(rows, w)
+        if "A sign here reads" in tok.decode(list(p)) and "<action>" in tok.decode(list(r))
+    ]
     assert len(at_sign) == 128  # 64 tasks, both prompt styles
     for p, r, x in at_sign:  # the one word marked is the sign's colour
         colour = tok.decode(list(p)).split("reads: ")[1].split(".")[0]
@@ -94,6 +113,7 @@ def _probe():
     return load_bench("read_probe").probe
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("read_steps", [200, 0])
 def test_the_reading_phase_makes_the_model_read_the_sign(signs, tmp_path, read_steps):
     """The same SFT with and without the reading phase, scored by bench/read_probe.py (the sign's

@@ -35,8 +35,10 @@ def tok():
 
 def test_pad_is_eos_and_masks_come_from_lengths(tok):
     assert tok.pad_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>") == 2
-    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "go"}], tokenize=False,
-                                                add_generation_prompt=True), add_special_tokens=False)
+    prompt = tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": "go"}], tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )
     response = tok.encode("<action>look</action>", add_special_tokens=False) + [tok.eos_token_id]
     logp = -np.arange(1, len(response) + 1, dtype=np.float32) / 10
     length = len(prompt) + len(response) + 5  # 5 columns of left padding, id 2 like the response's end
@@ -44,7 +46,7 @@ def test_pad_is_eos_and_masks_come_from_lengths(tok):
     row = out["tokens"][0]
     assert (row[:5] == 2).all() and row[-1] == 2  # the same id pads and ends the response
     assert not out["attention_mask"][0, :5].any() and out["attention_mask"][0, 5:].all()
-    assert out["loss_mask"][0, -len(response):].all() and not out["loss_mask"][0, :-len(response)].any()
+    assert out["loss_mask"][0, -len(response) :].all() and not out["loss_mask"][0, : -len(response)].any()
     assert out["old_logp"][0, -1] == pytest.approx(logp[-1])  # the final <|im_end|> is trained
     assert not out["attention_mask"][1].any() and not out["row_valid"][1]  # a padding row: all id 2, all masked
 
@@ -96,22 +98,37 @@ def test_stop_tags_are_found_after_bpe_merges(tok, tag):
     stops = stop_sequences(tok, tag)
     arrays = _stop_arrays(stops, max(8, len(stops)), max([16, *map(len, stops)]))
     w = arrays["stop_tokens"].shape[1]
-    endings = ["go to drawer 1", "look.", "search[red shoes]", "2, 3", "none", "take apple 1 )", "a b ",
-               "drawer 12", "x\n", "Then I put it in the fridge!", "'quoted'", "sinkbasin 1:"]
+    endings = [
+        "go to drawer 1",
+        "look.",
+        "search[red shoes]",
+        "2, 3",
+        "none",
+        "take apple 1 )",
+        "a b ",
+        "drawer 12",
+        "x\n",
+        "Then I put it in the fridge!",
+        "'quoted'",
+        "sinkbasin 1:",
+    ]
     merged = 0
     for before in endings:
         ids = tok.encode(before + tag, add_special_tokens=False)
         plain = tok.encode(tag, add_special_tokens=False)
-        merged += ids[-len(plain):] != plain
+        merged += ids[-len(plain) :] != plain
         window = np.full((1, w), -1, np.int32)
-        window[0, -min(w, len(ids)):] = ids[-w:]
-        hit = stop_sequence_hit(jnp.asarray(window), jnp.asarray(arrays["stop_tokens"]), jnp.asarray(arrays["stop_lens"]))
+        window[0, -min(w, len(ids)) :] = ids[-w:]
+        hit = stop_sequence_hit(
+            jnp.asarray(window), jnp.asarray(arrays["stop_tokens"]), jnp.asarray(arrays["stop_lens"])
+        )
         assert bool(hit[0]), (before, tag, tok.convert_ids_to_tokens(ids[-6:]))
         # and not one token early: the tag's last token is what completes it
         window2 = np.full((1, w), -1, np.int32)
-        window2[0, -min(w, len(ids) - 1):] = ids[:-1][-w:]
-        early = stop_sequence_hit(jnp.asarray(window2), jnp.asarray(arrays["stop_tokens"]),
-                                  jnp.asarray(arrays["stop_lens"]))
+        window2[0, -min(w, len(ids) - 1) :] = ids[:-1][-w:]
+        early = stop_sequence_hit(
+            jnp.asarray(window2), jnp.asarray(arrays["stop_tokens"]), jnp.asarray(arrays["stop_lens"])
+        )
         assert not bool(early[0]), (before, tag)
     if tag == "</action>":
         assert merged > 0  # the case the merged variants exist for does occur with this tokenizer

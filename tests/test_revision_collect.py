@@ -1,6 +1,7 @@
-"""Issue #15 in the rollout loop: revisions change the later step prompts and get their own token
-rows; k judgments give a majority set, environment labels and (judge_train) judgment rows; each
-row gets its advantage; sharded collection merges to the same batch."""
+"""Strategy revision and trained self-judgment in the rollout loop: revisions change the later step
+prompts and get their own token rows; k judgments give a majority set, environment labels and
+(judge_train) judgment rows; each row gets its advantage; sharded collection merges to the same
+batch."""
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from rollout.shards import merge_results
 from strata_jax.advantages import AdvantageParams, compute_advantages
 from strata_jax.batch import gather_advantages, row_kinds
 from tests.revision_reference import judge_reference, revision_reference
-from tests.test_collect import Corridor, FWD, WAIT, Recorder
+from tests.test_collect import FWD, WAIT, Corridor, Recorder
 
 H, K = 6, 2  # revisions before steps 2 and 4: R = 2
 JUDGE = ["<bad_steps>2</bad_steps>", "<bad_steps>2, 3</bad_steps>", "I cannot say"]
@@ -31,9 +32,19 @@ def script(msgs, kind, key):
 
 
 def cfg(**kw):
-    base = dict(mode="strata", num_strategies=2, traj_per_strategy=2, oversample=1, diverse=False,
-                max_steps=H, revise_every=K, judge_samples=3, judge_train=True, progress=False,
-                row_multiple=4)
+    base = dict(
+        mode="strata",
+        num_strategies=2,
+        traj_per_strategy=2,
+        oversample=1,
+        diverse=False,
+        max_steps=H,
+        revise_every=K,
+        judge_samples=3,
+        judge_train=True,
+        progress=False,
+        row_multiple=4,
+    )
     return RolloutConfig(**{**base, **kw})
 
 
@@ -45,8 +56,18 @@ def run():
 
 def test_revision_changes_later_step_prompts(run):
     res, policy = run
-    assert [k for k, _ in policy.calls] == ["strategy", "action", "action", "strategy", "action", "action",
-                                            "strategy", "action", "action", "judge"]
+    assert [k for k, _ in policy.calls] == [
+        "strategy",
+        "action",
+        "action",
+        "strategy",
+        "action",
+        "action",
+        "strategy",
+        "action",
+        "action",
+        "judge",
+    ]
     assert [b for k, b in policy.calls if k == "strategy"] == [2, 4, 2]  # then only the m = 0 are running
     say = lambda n, m, t: policy.prompts[("action", (0, n, m, t))]  # noqa: E731
     for n in range(2):
@@ -93,16 +114,28 @@ def test_revision_and_judgment_rows_get_their_tokens_and_advantages(run):
             r = -2 - t
             text = script(None, "strategy", (p, n, m, r))
             resp = fake_token_ids(text)
-            want_prompt = fake_token_ids(messages_text([{"role": "user", "content":
-                                                         policy.prompts[("strategy", (p, n, m, r))]}]))
+            want_prompt = fake_token_ids(
+                messages_text([{"role": "user", "content": policy.prompts[("strategy", (p, n, m, r))]}])
+            )
             row = np.asarray(tb.tokens[s])[np.asarray(tb.attention_mask[s])]
             np.testing.assert_array_equal(row, np.concatenate([want_prompt, resp]))
         elif t >= H:
             resp = fake_token_ids(JUDGE[t - H])
             np.testing.assert_array_equal(np.asarray(tb.tokens[s])[np.asarray(tb.loss_mask[s])], resp)
-    d = {f: np.asarray(getattr(b, f)) for f in ("step_mask", "episode_return", "revision_mask", "revision_len",
-                                               "revision_malformed", "judge_valid", "judge_ok", "judge_sets",
-                                               "step_label")}
+    d = {
+        f: np.asarray(getattr(b, f))
+        for f in (
+            "step_mask",
+            "episode_return",
+            "revision_mask",
+            "revision_len",
+            "revision_malformed",
+            "judge_valid",
+            "judge_ok",
+            "judge_sets",
+            "step_label",
+        )
+    }
     adv = compute_advantages(b, AdvantageParams(), "strata")
     np.testing.assert_allclose(np.asarray(adv.revision), revision_reference(d), atol=1e-5)
     np.testing.assert_allclose(np.asarray(adv.judge), judge_reference(d), atol=1e-5)
@@ -111,9 +144,15 @@ def test_revision_and_judgment_rows_get_their_tokens_and_advantages(run):
     a, lm = np.asarray(out.advantage), np.asarray(tb.loss_mask)
     for s in np.flatnonzero(valid):
         p, n, m, t = (int(x) for x in np.asarray(tb.row_index)[s])
-        want = (np.asarray(adv.revision)[p, n, m, -2 - t] if t <= -2 else
-                np.asarray(adv.strategy)[p, n] if t == -1 else
-                np.asarray(adv.judge)[p, n, m, t - H] if t >= H else np.asarray(adv.step)[p, n, m, t])
+        want = (
+            np.asarray(adv.revision)[p, n, m, -2 - t]
+            if t <= -2
+            else np.asarray(adv.strategy)[p, n]
+            if t == -1
+            else np.asarray(adv.judge)[p, n, m, t - H]
+            if t >= H
+            else np.asarray(adv.step)[p, n, m, t]
+        )
         np.testing.assert_allclose(a[s][lm[s]], want, atol=1e-6)
 
 
@@ -121,9 +160,12 @@ def test_judgments_are_not_rows_unless_trained_and_defaults_record_one_judgment(
     res = collect([Corridor(H) for _ in range(4)], Recorder(script), [0], cfg(judge_train=False))
     t = np.asarray(res.tokens.row_index)[np.asarray(res.tokens.row_valid), 3]
     assert (t < H).all() and (t <= -2).sum() == 6
-    res = collect([Corridor(H) for _ in range(4)], Recorder(lambda m, k, key: script(m, k, (*key, 0)) if k == "judge"
-                                                            else script(m, k, key)),
-                  [0], cfg(judge_train=False, judge_samples=1, revise_every=0))
+    res = collect(
+        [Corridor(H) for _ in range(4)],
+        Recorder(lambda m, k, key: script(m, k, (*key, 0)) if k == "judge" else script(m, k, key)),
+        [0],
+        cfg(judge_train=False, judge_samples=1, revise_every=0),
+    )
     assert res.traj.num_revisions == 0 and res.traj.num_judgments == 1
     assert not np.asarray(res.traj.step_slot).any()
 

@@ -1,5 +1,6 @@
-"""Issue #15, pure side: revision and judgment advantages (hand cases and a slow reference), the
-majority set, precision / recall, token-row gathering, loss weights, vmap over traced params."""
+"""Strategy revision and self-judgment, pure side: revision and judgment advantages (hand cases and
+a slow reference), the majority set, precision / recall, token-row gathering, loss weights, vmap
+over traced params."""
 
 import math
 
@@ -12,6 +13,7 @@ from strata_jax.advantages import AdvantageParams, compute_advantages, stack_par
 from strata_jax.advantages.judge import judge_quality, majority_sets
 from strata_jax.batch import BatchError, TokenBatch, TrajectoryBatch, gather_advantages
 from strata_jax.loss import row_weights
+from strata_jax.names import STRATA_ALGOS
 from tests.revision_reference import judge_reference, revision_reference
 from tests.test_advantages import blank, random_batch, set_lengths
 
@@ -41,6 +43,7 @@ def adv(d, algo="strata", **hp):
 
 # ---------------------------------------------------------------- batch contract
 
+
 def test_optional_fields_default_to_no_revisions_and_no_judgments():
     d = set_lengths(blank(2, 2, 3, 4), np.full((2, 2, 3), 2))
     b = TrajectoryBatch.from_numpy(**d)
@@ -62,6 +65,7 @@ def test_optional_groups_come_together_and_are_shape_checked():
 
 
 # ---------------------------------------------------------------- revision: hand case
+
 
 def test_revision_hand_case_groups_by_task_and_revision_index():
     # task 0: 2 strategies x 2 trajectories, 2 revision slots; task 1: one revision only.
@@ -92,7 +96,7 @@ def test_revision_advantage_matches_the_slow_reference():
         d["revision_mask"] = rng.random((3, 2, 3, 2)) < 0.7
         d["revision_len"] = rng.integers(10, 120, (3, 2, 3, 2)).astype(np.int32)
         d["revision_malformed"] = rng.random((3, 2, 3, 2)) < 0.3
-        for algo in ("strata", "strata+beacon"):
+        for algo in STRATA_ALGOS:
             got = np.asarray(adv(d, algo, c_len=0.2).revision)
             np.testing.assert_allclose(got, revision_reference(d, c_len=0.2), atol=2e-5)
         assert (np.asarray(adv(d, "grpo").revision) == 0).all()  # flat algorithms have no strategies
@@ -111,6 +115,7 @@ def test_revisions_leave_every_other_advantage_unchanged():
 
 
 # ---------------------------------------------------------------- judgment
+
 
 def test_judge_hand_case():
     # one trajectory of 4 steps: t0 milestone (+1), t1 invalid (-1), t2 unknown, t3 repeat (-1)
@@ -163,21 +168,31 @@ def test_majority_set_and_precision_recall_by_hand():
 
 # ---------------------------------------------------------------- token rows and loss weights
 
+
 def test_gather_puts_each_row_kind_on_its_tokens():
     H = 3
     step = jnp.arange(2 * 1 * 2 * H, dtype=jnp.float32).reshape(2, 1, 2, H) + 1.0
     strategy = jnp.array([[100.0], [200.0]])
     revision = jnp.array([[[[10.0, 11.0], [12.0, 13.0]]], [[[14.0, 15.0], [16.0, 17.0]]]])  # [2,1,2,2]
     judge = -jnp.arange(2 * 1 * 2 * 3, dtype=jnp.float32).reshape(2, 1, 2, 3) - 1.0
-    rows = np.array([[1, 0, 0, -1], [0, 0, 1, 2], [1, 0, 1, -2], [1, 0, 0, -3], [0, 0, 1, H + 2],
-                     [1, 0, 0, H], [0, 0, 0, 0]], np.int32)
+    rows = np.array(
+        [[1, 0, 0, -1], [0, 0, 1, 2], [1, 0, 1, -2], [1, 0, 0, -3], [0, 0, 1, H + 2], [1, 0, 0, H], [0, 0, 0, 0]],
+        np.int32,
+    )
     S, L = len(rows), 3
     valid = np.ones(S, bool)
     valid[-1] = False
     zeros = jnp.zeros((S, L))
-    tb = TokenBatch(tokens=jnp.zeros((S, L), jnp.int32), attention_mask=jnp.ones((S, L), bool),
-                    loss_mask=jnp.ones((S, L), bool).at[:, 0].set(False), old_logp=zeros, ref_logp=zeros,
-                    advantage=zeros, row_index=jnp.asarray(rows), row_valid=jnp.asarray(valid))
+    tb = TokenBatch(
+        tokens=jnp.zeros((S, L), jnp.int32),
+        attention_mask=jnp.ones((S, L), bool),
+        loss_mask=jnp.ones((S, L), bool).at[:, 0].set(False),
+        old_logp=zeros,
+        ref_logp=zeros,
+        advantage=zeros,
+        row_index=jnp.asarray(rows),
+        row_valid=jnp.asarray(valid),
+    )
     out = np.asarray(gather_advantages(step, strategy, tb, revision_adv=revision, judge_adv=judge).advantage)
     want = [200.0, float(step[0, 0, 1, 2]), 16.0, 15.0, float(judge[0, 0, 1, 2]), float(judge[1, 0, 0, 0]), 0.0]
     np.testing.assert_allclose(out[:, 1], want)
@@ -188,6 +203,7 @@ def test_gather_puts_each_row_kind_on_its_tokens():
 
 
 # ---------------------------------------------------------------- vmap over traced parameters
+
 
 def test_vmap_over_traced_params_with_revisions_and_judgments():
     rng = np.random.default_rng(2)
@@ -200,8 +216,11 @@ def test_vmap_over_traced_params_with_revisions_and_judgments():
     d["judge_sets"] = rng.random(d["judge_sets"].shape) < 0.4
     d["step_label"] = rng.integers(-1, 2, d["step_mask"].shape).astype(np.int32)
     b = TrajectoryBatch.from_numpy(**d)
-    grid = [AdvantageParams(c_fmt=c, c_len=l, kappa=k) for c, l, k in ((0.0, 0.0, 0.1), (0.3, 0.2, 0.0), (0.1, 0.5, 0.2))]
-    out = jax.jit(jax.vmap(compute_advantages, in_axes=(None, 0, None)), static_argnums=2)(b, stack_params(grid), "strata")
+    grid = [
+        AdvantageParams(c_fmt=c, c_len=cl, kappa=k) for c, cl, k in ((0.0, 0.0, 0.1), (0.3, 0.2, 0.0), (0.1, 0.5, 0.2))
+    ]
+    vmapped = jax.jit(jax.vmap(compute_advantages, in_axes=(None, 0, None)), static_argnums=2)
+    out = vmapped(b, stack_params(grid), "strata")
     for i, p in enumerate(grid):
         one = compute_advantages(b, p, "strata")
         for f in ("step", "strategy", "revision", "judge"):

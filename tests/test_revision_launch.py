@@ -1,7 +1,7 @@
-"""Issue #15 end to end through the real trainer: StraTA with strategy revision (revise_every=2)
-and a trained self-judgment (judge.samples=2, judge_train) on the household world with a tiny
-model; a resumed run equals the uninterrupted one; `ablate` re-scores the saved batches
-(revisions included) in one vmapped call.
+"""Strategy revision and self-judgment end to end through the real trainer: StraTA with strategy
+revision (revise_every=2) and a trained self-judgment (judge.samples=2, judge_train) on the
+household world with a tiny model; a resumed run equals the uninterrupted one; `ablate` re-scores
+the saved batches (revisions included) in one vmapped call.
 
 In-process and sized like tests/test_population.py (a random tiny model, single buckets, a
 persistent compilation cache for this module) so the three trainings compile each program once.
@@ -19,6 +19,9 @@ from rollout import ablate, trainer
 from rollout.setup import advantage_params, make_mesh
 from rollout.warmstart import model_dir
 from tests.test_population import compile_cache, small_config  # noqa: F401  (fixture)
+
+# Trains models through the real trainer: the slow tier (`-m 'not slow'` skips it).
+pytestmark = pytest.mark.slow
 
 
 def config(iterations):
@@ -84,6 +87,7 @@ def test_resume_with_revisions_continues_exactly(straight, model_path, tmp_path)
 
 
 def test_ablate_vmaps_over_batches_with_revisions(straight):
-    rows = ablate.ablation_table(ablate.load_batches(straight), advantage_params(config(2)),
-                                 {"c_fmt": [0.0, 0.3], "kappa": [0.0, 0.2]}, "strata")
+    rows = ablate.ablation_table(
+        ablate.load_batches(straight), advantage_params(config(2)), {"c_fmt": [0.0, 0.3], "kappa": [0.0, 0.2]}, "strata"
+    )
     assert len(rows) == 4 and all(np.isfinite(r["esu"]) for r in rows)

@@ -9,10 +9,19 @@ import numpy as np
 import pytest
 
 from strata_jax.sampling import (
-    FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig, argmax_last, draw, draw_chunk, draw_with_uniforms,
-    pick_bucket, power_of_two_buckets, sample_tokens, stop_sequence_hit,
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    SamplerConfig,
+    argmax_last,
+    draw,
+    draw_chunk,
+    draw_with_uniforms,
+    pick_bucket,
+    power_of_two_buckets,
+    sample_tokens,
+    stop_sequence_hit,
 )
-
 
 # ------------------------------------------------------------------------------ pure pieces
 
@@ -60,16 +69,22 @@ _sample_jit = jax.jit(sample_tokens)
 
 def _draw(logits, n, temperature, top_k, top_p, seed=0):
     b = np.broadcast_to(np.asarray(logits, np.float32), (n, len(logits)))
-    toks = _sample_jit(jnp.asarray(b), jax.random.key(seed), jnp.full((n,), temperature, jnp.float32),
-                       jnp.full((n,), top_k, jnp.int32), jnp.full((n,), top_p, jnp.float32))
+    toks = _sample_jit(
+        jnp.asarray(b),
+        jax.random.key(seed),
+        jnp.full((n,), temperature, jnp.float32),
+        jnp.full((n,), top_k, jnp.int32),
+        jnp.full((n,), top_p, jnp.float32),
+    )
     return np.bincount(np.asarray(toks), minlength=len(logits))
 
 
 LOGITS = np.array([1.2, -0.3, 0.5, 2.0, -1.0, 0.1, 0.9], np.float32)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.5, 3, 1.0),
-                                                     (1.0, 0, 0.75), (0.8, 4, 0.8)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.5, 3, 1.0), (1.0, 0, 0.75), (0.8, 4, 0.8)]
+)
 def test_sample_frequencies_match_truncated_softmax(temperature, top_k, top_p):
     n = 40_000
     counts = _draw(LOGITS, n, temperature, top_k, top_p)
@@ -93,8 +108,9 @@ def test_top_k_and_top_p_support():
     top_k = rng.integers(0, 6, size=64).astype(np.int32)
     top_p = rng.uniform(0.2, 1.0, size=64).astype(np.float32)
     for seed in range(5):
-        toks = np.asarray(_sample_jit(jnp.asarray(logits), jax.random.key(seed), jnp.ones(64), jnp.asarray(top_k),
-                                      jnp.asarray(top_p)))
+        toks = np.asarray(
+            _sample_jit(jnp.asarray(logits), jax.random.key(seed), jnp.ones(64), jnp.asarray(top_k), jnp.asarray(top_p))
+        )
         for b in range(64):
             assert _reference_probs(logits[b], 1.0, top_k[b], top_p[b])[toks[b]] > 0
 
@@ -134,8 +150,7 @@ def test_draw_inverts_the_cdf_by_hand():
     logits = jnp.asarray(np.log(np.where(p > 0, p, 1e-45))[None].repeat(6, 0), jnp.float32)
     logits = logits.at[:, [1, 4, 5, 6, 7]].set(-jnp.inf)
     # u[0] picks the chunk by its share of the mass, u[1] the token by its share of the chunk's.
-    u = jnp.asarray([[0.2, 0.39, 0.41, 0.99, 1.0, 0.3],
-                     [0.2, 1.0, 0.5, 0.5, 1.0, 0.75]], jnp.float32)
+    u = jnp.asarray([[0.2, 0.39, 0.41, 0.99, 1.0, 0.3], [0.2, 1.0, 0.5, 0.5, 1.0, 0.75]], jnp.float32)
     # row 0: chunk 0 (0.2 <= 0.4), 0.2 of [0.1, 0, 0.2, 0.1] -> cum [.1 .1 .3 .4] >= .08 -> token 0
     # row 1: chunk 0 (0.39), u 1.0 -> the chunk's last positive token, 3
     # row 2: chunk 2 (0.41 > 0.4; chunk 1 has no mass), 0.5 of [0.3, 0.3] -> token 8
@@ -171,11 +186,16 @@ def test_stop_sequence_hit():
     stops[0, 2:] = [7, 8]  # right-aligned [7, 8]
     stops[1, 3:] = [9]
     lens = np.array([2, 1, 0], np.int32)  # third row is padding
-    window = np.array([[-1, -1, 7, 8],  # ends with [7, 8]
-                       [1, 7, 8, 2],  # contains it, but not at the end
-                       [-1, -1, -1, 9],  # ends with [9]
-                       [-1, -1, -1, 8],  # only the tail of [7, 8]: the 7 was in the prompt
-                       [-1, -1, -1, -1]], np.int32)
+    window = np.array(
+        [
+            [-1, -1, 7, 8],  # ends with [7, 8]
+            [1, 7, 8, 2],  # contains it, but not at the end
+            [-1, -1, -1, 9],  # ends with [9]
+            [-1, -1, -1, 8],  # only the tail of [7, 8]: the 7 was in the prompt
+            [-1, -1, -1, -1],
+        ],
+        np.int32,
+    )
     hit = np.asarray(stop_sequence_hit(jnp.asarray(window), jnp.asarray(stops), jnp.asarray(lens)))
     np.testing.assert_array_equal(hit, [True, False, True, False, False])
 
@@ -199,9 +219,18 @@ PROMPT_LENS = (5, 9, 3)
 def _tiny_hf(path, vocab=97, seed=0, logit_scale=None):
     """Random tiny Qwen2 (2 layers, 4 heads, 2 kv heads), perturbed so the logits are not flat."""
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=48, rope_theta=1e6,
-                                         tie_word_embeddings=False)).eval()
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            rope_theta=1e6,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -217,16 +246,22 @@ def _left_pad_np(prompts):
     ids = np.zeros((len(prompts), t), np.int64)
     mask = np.zeros((len(prompts), t), np.int64)
     for i, p in enumerate(prompts):
-        ids[i, t - len(p):], mask[i, t - len(p):] = p, 1
+        ids[i, t - len(p) :], mask[i, t - len(p) :] = p, 1
     return ids, mask
 
 
 def _hf_greedy(model, prompts, eos=None):
     ids, mask = _left_pad_np(prompts)
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False,
-                             max_new_tokens=N_NEW, pad_token_id=0, eos_token_id=eos)
-    gen = out[:, ids.shape[1]:].numpy()
+        out = model.generate(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            do_sample=False,
+            max_new_tokens=N_NEW,
+            pad_token_id=0,
+            eos_token_id=eos,
+        )
+    gen = out[:, ids.shape[1] :].numpy()
     return np.pad(gen, ((0, 0), (0, N_NEW - gen.shape[1])))  # HF stops early when all rows hit EOS
 
 
@@ -235,7 +270,7 @@ def _expected_end(gen, eos, stops):
     for j, tok in enumerate(gen):
         if tok in eos:
             return j + 1, FINISH_EOS
-        if any(j + 1 >= len(s) and list(gen[j + 1 - len(s): j + 1]) == list(s) for s in stops):
+        if any(j + 1 >= len(s) and list(gen[j + 1 - len(s) : j + 1]) == list(s) for s in stops):
             return j + 1, FINISH_STOP
     return len(gen), FINISH_LENGTH
 
@@ -249,15 +284,31 @@ def tiny(tmp_path_factory):
     prompts = [[int(x) for x in rng.integers(1, 97, size=n)] for n in PROMPT_LENS]
     free = _hf_greedy(hf, prompts)
     eos = int(free[1, 3])  # a token row 1 emits early: row 1 ends on EOS, the others (checked) do not
-    cfg = SamplerConfig(max_new_tokens=N_NEW, prompt_buckets=(16, 32), batch_buckets=(4,), eos_ids=(eos,),
-                        pad_id=0, return_embedding=True, max_stop_sequences=3, max_stop_len=4)
-    return dict(hf=hf, path=path, graphdef=graphdef, params=params, prompts=prompts, free=free, eos=eos,
-                ref=_hf_greedy(hf, prompts, eos=eos), sampler=Sampler(graphdef, cfg))
+    cfg = SamplerConfig(
+        max_new_tokens=N_NEW,
+        prompt_buckets=(16, 32),
+        batch_buckets=(4,),
+        eos_ids=(eos,),
+        pad_id=0,
+        return_embedding=True,
+        max_stop_sequences=3,
+        max_stop_len=4,
+    )
+    return dict(
+        hf=hf,
+        path=path,
+        graphdef=graphdef,
+        params=params,
+        prompts=prompts,
+        free=free,
+        eos=eos,
+        ref=_hf_greedy(hf, prompts, eos=eos),
+        sampler=Sampler(graphdef, cfg),
+    )
 
 
 def test_greedy_matches_transformers_left_padded(tiny):
-    out = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0),
-                                   jax.random.key(0))
+    out = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
     ref = tiny["ref"]  # HF pads rows after EOS with pad_token_id = 0, as we do
     np.testing.assert_array_equal(out.tokens, ref)
     ends = [_expected_end(r, [tiny["eos"]], []) for r in ref]
@@ -275,8 +326,9 @@ def test_greedy_matches_transformers_left_padded(tiny):
 def test_stop_sequences_end_exactly_after_the_sequence(tiny):
     free = tiny["free"]
     stops = [[int(free[0, 6]), int(free[0, 7])], [int(free[2, 2]), int(free[2, 3]), int(free[2, 4])]]
-    out = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0),
-                                   jax.random.key(0), stop_sequences=stops)
+    out = tiny["sampler"].generate(
+        tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0), stop_sequences=stops
+    )
     for b in range(len(tiny["prompts"])):
         n, reason = _expected_end(tiny["ref"][b], [tiny["eos"]], stops)
         assert (out.lengths[b], out.finish_reason[b]) == (n, reason), (b, out.tokens[b], stops)
@@ -291,9 +343,9 @@ def _full_rows(prompts, out):
     toks = np.zeros((len(prompts), tp + N_NEW), np.int32)
     mask = np.zeros_like(toks, bool)
     for b, p in enumerate(prompts):
-        toks[b, tp - len(p): tp], mask[b, tp - len(p): tp] = p, True
+        toks[b, tp - len(p) : tp], mask[b, tp - len(p) : tp] = p, True
         n = out.lengths[b]
-        toks[b, tp: tp + n], mask[b, tp: tp + n] = out.tokens[b, :n], True
+        toks[b, tp : tp + n], mask[b, tp : tp + n] = out.tokens[b, :n], True
     return toks, mask, tp
 
 
@@ -327,9 +379,11 @@ def test_score_is_exact_teacher_forced_log_softmax(tiny):
     logp = score(tiny["graphdef"], tiny["params"], np.where(mask, toks, 0), mask, chunk_size=16)
     with torch.no_grad():
         pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-        logits = tiny["hf"](input_ids=torch.tensor(np.where(mask, toks, 0), dtype=torch.long),
-                            attention_mask=torch.tensor(mask.astype(np.int64)),
-                            position_ids=torch.tensor(pos, dtype=torch.long)).logits.double()
+        logits = tiny["hf"](
+            input_ids=torch.tensor(np.where(mask, toks, 0), dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype(np.int64)),
+            position_ids=torch.tensor(pos, dtype=torch.long),
+        ).logits.double()
     ref = torch.log_softmax(logits, -1).numpy()[:, :-1]
     ref = np.take_along_axis(ref, toks[:, 1:, None].astype(np.int64), -1)[..., 0]
     has_ctx = mask[:, 1:] & mask[:, :-1]
@@ -344,15 +398,15 @@ def test_eight_devices_same_greedy_tokens(tiny):
     cfg = dataclasses.replace(tiny["sampler"].config, return_embedding=False)
     s8 = Sampler(tiny["graphdef"], cfg, mesh=mesh)
     params = s8.shard_params(tiny["params"])
-    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
-               for x in jax.tree.leaves(params))
+    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated for x in jax.tree.leaves(params))
     out = s8.generate(params, tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
     np.testing.assert_array_equal(out.tokens, tiny["ref"])
     one = tiny["sampler"].generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0))
     np.testing.assert_allclose(out.logprobs, one.logprobs, atol=1e-5)
     toks, mask, _ = _full_rows(tiny["prompts"], out)  # the sharded, bucketed Sampler.score as well
-    np.testing.assert_allclose(s8.score(params, toks, mask), score(tiny["graphdef"], tiny["params"], toks, mask),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        s8.score(params, toks, mask), score(tiny["graphdef"], tiny["params"], toks, mask), atol=1e-5
+    )
 
 
 def test_scan_layers_same_as_unrolled(tiny):
@@ -372,8 +426,9 @@ def test_scan_layers_same_as_unrolled(tiny):
 
 def test_bf16_cache_close_to_f32(tiny):
     cfg = dataclasses.replace(tiny["sampler"].config, cache_dtype="bfloat16", return_embedding=False)
-    out = Sampler(tiny["graphdef"], cfg).generate(tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0),
-                                                   jax.random.key(0))
+    out = Sampler(tiny["graphdef"], cfg).generate(
+        tiny["params"], tiny["prompts"], SamplingParams(temperature=0.0), jax.random.key(0)
+    )
     toks, mask, tp = _full_rows(tiny["prompts"], out)
     ref = score(tiny["graphdef"], tiny["params"], toks, mask)[:, tp:]
     gen = np.arange(N_NEW)[None, :] < out.lengths[:, None]
@@ -393,7 +448,10 @@ def test_bad_inputs_raise_clear_errors(tiny):
         (lambda: s.generate(params, [[1]], SamplingParams(top_p=0.0), key), "top_p"),
         (lambda: s.generate(params, [[1], [2]], SamplingParams(top_k=[1, 2, 3]), key), "top_k: expected a scalar or 2"),
         (lambda: s.generate(params, [[1]], greedy, key, stop_sequences=[[1]] * 4), "max_stop_sequences is 3"),
-        (lambda: s.generate(params, [[1]], greedy, key, stop_sequences=[[1] * 5]), "stop_sequences\\[0\\] has length 5"),
+        (
+            lambda: s.generate(params, [[1]], greedy, key, stop_sequences=[[1] * 5]),
+            "stop_sequences\\[0\\] has length 5",
+        ),
         (lambda: score(tiny["graphdef"], params, np.zeros((2, 3), np.int32), np.ones((2, 4), bool)), "must both be"),
     ]
     for fn, msg in cases:
@@ -413,10 +471,14 @@ def test_compiles_bounded_by_buckets(tiny):
         b = int(rng.integers(1, 5))
         lens = rng.integers(1, 33, size=b)
         prompts = [[int(x) for x in rng.integers(1, 97, size=n)] for n in lens]
-        sp = SamplingParams(temperature=float(rng.choice([0.0, 0.7, 1.0])), top_k=int(rng.integers(0, 10)),
-                            top_p=float(rng.uniform(0.5, 1.0)))
-        stops = [[int(x) for x in rng.integers(1, 97, size=int(rng.integers(1, 5)))]
-                 for _ in range(int(rng.integers(0, 4)))]
+        sp = SamplingParams(
+            temperature=float(rng.choice([0.0, 0.7, 1.0])),
+            top_k=int(rng.integers(0, 10)),
+            top_p=float(rng.uniform(0.5, 1.0)),
+        )
+        stops = [
+            [int(x) for x in rng.integers(1, 97, size=int(rng.integers(1, 5)))] for _ in range(int(rng.integers(0, 4)))
+        ]
         s.generate(tiny["params"], prompts, sp, jax.random.key(i), stop_sequences=stops)
         seen.add(pick_bucket(int(lens.max()), s.prompt_buckets, "t"))
     assert seen == {16, 32}  # the calls did span every bucket
@@ -432,14 +494,17 @@ def test_generate_frequencies_match_softmax(tmp_path):
         logits = hf(input_ids=torch.tensor([prompt])).logits[0, -1].double().numpy()
     groups = [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 3, 1.0), (1.2, 0, 0.7)]
     per = 1024
-    sp = SamplingParams(temperature=np.repeat([g[0] for g in groups], per), top_k=np.repeat([g[1] for g in groups], per),
-                        top_p=np.repeat([g[2] for g in groups], per))
+    sp = SamplingParams(
+        temperature=np.repeat([g[0] for g in groups], per),
+        top_k=np.repeat([g[1] for g in groups], per),
+        top_p=np.repeat([g[2] for g in groups], per),
+    )
     s = Sampler(graphdef, SamplerConfig(max_new_tokens=1, prompt_buckets=(8,), batch_buckets=(per * len(groups),)))
     out = s.generate(params, [prompt] * (per * len(groups)), sp, jax.random.key(0))
     assert np.all(out.finish_reason == FINISH_LENGTH) and np.all(out.lengths == 1)
     assert np.ptp(logits) > 1.0  # the distribution is far from uniform: the test has power
     for g, (t, k, p) in enumerate(groups):
-        counts = np.bincount(out.tokens[g * per:(g + 1) * per, 0], minlength=8)
+        counts = np.bincount(out.tokens[g * per : (g + 1) * per, 0], minlength=8)
         probs = _reference_probs(logits, t, k, p)
         assert np.all(counts[probs == 0] == 0), (g, counts, probs)
         kept = probs > 0

@@ -18,7 +18,10 @@ def env():
 @pytest.mark.slow
 def test_reset_step_milestones_and_win(env):
     obs, info = env.reset(seed=0)
-    goal = "Your task is to find a(n) living thing. First, focus on the thing. Then, move it to the red box in the kitchen."
+    goal = (
+        "Your task is to find a(n) living thing. First, focus on the thing. "
+        "Then, move it to the red box in the kitchen."
+    )
     assert info["task"] == goal and obs.startswith(goal) and "This room is called the hallway." in obs
     assert info["task_type"] == TASK and info["task_id"] == f"{TASK}/train/0"
     assert info["milestones_total"] == -1 and info["horizon"] == -1 and not info["won"]

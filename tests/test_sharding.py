@@ -15,12 +15,19 @@ class _Toy(nnx.Module):
 
     def __init__(self):
         r = np.random.default_rng(0)  # numpy: eager jax.random would compile per op (slow CPU)
-        self.embed = nnx.Param(jnp.asarray(r.normal(size=(64, 32)), jnp.float32), out_sharding=("vocab", "embed"),
-                               eager_sharding=False)
-        self.q = nnx.Param(jnp.asarray(r.normal(size=(32, 4, 8)), jnp.float32),
-                           out_sharding=("embed", "heads", "head_dim"), eager_sharding=False)
-        self.k = nnx.Param(jnp.asarray(r.normal(size=(32, 2, 8)), jnp.float32),
-                           out_sharding=("embed", "kv_heads", "head_dim"), eager_sharding=False)
+        self.embed = nnx.Param(
+            jnp.asarray(r.normal(size=(64, 32)), jnp.float32), out_sharding=("vocab", "embed"), eager_sharding=False
+        )
+        self.q = nnx.Param(
+            jnp.asarray(r.normal(size=(32, 4, 8)), jnp.float32),
+            out_sharding=("embed", "heads", "head_dim"),
+            eager_sharding=False,
+        )
+        self.k = nnx.Param(
+            jnp.asarray(r.normal(size=(32, 2, 8)), jnp.float32),
+            out_sharding=("embed", "kv_heads", "head_dim"),
+            eager_sharding=False,
+        )
         self.bias = nnx.Param(jnp.ones((32,)))
 
 
@@ -34,8 +41,15 @@ def test_make_mesh_shapes():
     assert m.devices.size == 1
 
 
-@pytest.mark.parametrize("shape,msg", [({"fsdp": 3}, "needs 3 devices"), ({"model": 2}, "unknown mesh axis"),
-                                       ((2, 4), "3 entries"), ((-1, -1, 2), "invalid shape")])
+@pytest.mark.parametrize(
+    "shape,msg",
+    [
+        ({"fsdp": 3}, "needs 3 devices"),
+        ({"model": 2}, "unknown mesh axis"),
+        ((2, 4), "3 entries"),
+        ((-1, -1, 2), "invalid shape"),
+    ],
+)
 def test_make_mesh_bad(shape, msg):
     with pytest.raises(sh.ShardingError, match=msg):
         sh.make_mesh(shape)

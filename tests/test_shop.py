@@ -63,8 +63,13 @@ def test_catalogue_size_overlap_hard_negatives_and_determinism(catalog):
     by_key = collections.defaultdict(list)
     for p in catalog.products:
         by_key[(p.category, p.brand)].append(p)
-    near = sum(any(len(p.attributes ^ q.attributes) == 2 and len(p.attributes) == len(q.attributes)
-                   for q in by_key[(p.category, p.brand)]) for p in catalog.products)
+    near = sum(
+        any(
+            len(p.attributes ^ q.attributes) == 2 and len(p.attributes) == len(q.attributes)
+            for q in by_key[(p.category, p.brand)]
+        )
+        for p in catalog.products
+    )
     assert near / len(catalog.products) > 0.3
     # every attribute of a product is spelled in its title, and only its own attributes are
     for p in catalog.products[:2000]:
@@ -110,8 +115,11 @@ def test_bm25_scores_equal_a_plain_lucene_bm25(catalog):
                 if tf[w]:
                     idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
                     ref[i] += idf * tf[w] / (tf[w] + k1 * (1 - b + b * len(d) / avgdl))
-        ids = [t for t in catalog._tokenizer.tokenize([query], update_vocab=False, show_progress=False,
-                                                      return_as="ids")[0] if t != 0]
+        ids = [
+            t
+            for t in catalog._tokenizer.tokenize([query], update_vocab=False, show_progress=False, return_as="ids")[0]
+            if t != 0
+        ]
         got = catalog._bm25.get_scores(ids)
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-6)
         # search = the 50 best by score, ties by catalogue position (a full stable sort)
@@ -127,8 +135,12 @@ def _shoe(catalog, n_attrs=3):
     """A shoe listing with n attributes and every option (color, size, width) offering 2+ values."""
     for p in catalog.products:
         c = catalog.categories[p.category]
-        if (c.type == "running shoes" and len(p.attributes) == n_attrs and len(p.options) == 3
-                and all(len(v) >= 2 for _, v in p.options)):
+        if (
+            c.type == "running shoes"
+            and len(p.attributes) == n_attrs
+            and len(p.options) == 3
+            and all(len(v) >= 2 for _, v in p.options)
+        ):
             return p
     raise AssertionError("no such shoe")
 
@@ -143,8 +155,10 @@ def test_reward_hand_cases(catalog):
     (_, colors), (_, sizes), (_, widths) = p.options
     upper = (math.floor(p.price / 10) + 2) * 10.0  # a multiple of ten above the price
     g = make_goal(catalog, p, [a1, a2], [("color", colors[0]), ("size", sizes[0])], upper)
-    assert g.instruction == (f"i need {a1} and {a2} running shoes, with color: {colors[0]}, and size: "
-                             f"{sizes[0]}, and price lower than {upper:.2f} dollars")
+    assert g.instruction == (
+        f"i need {a1} and {a2} running shoes, with color: {colors[0]}, and size: "
+        f"{sizes[0]}, and price lower than {upper:.2f} dollars"
+    )
     assert g.query == f"{a1} and {a2} running shoes"
     full = {"color": colors[0], "size": sizes[0], "width": widths[0]}  # an extra option costs nothing
     assert score(catalog, p, g, full)[0] == 1.0 and can_win(catalog, p, g)
@@ -222,9 +236,10 @@ def test_expert_wins_at_exactly_its_horizon_with_milestones_in_order(kw, n):
         page = plan.count("click[next >]")
         # the results page holding the first winner, then every remaining step is a milestone
         assert flags == [i >= page for i in range(L)], (seed, plan)
-        pid = plan[page + 1][len("click["):-1]
-        assert names == (["results show a match", f"opened {pid}"]
-                         + [f"selected {k}: {v}" for k, v in g.options] + ["bought"])
+        pid = plan[page + 1][len("click[") : -1]
+        assert names == (
+            ["results show a match", f"opened {pid}"] + [f"selected {k}: {v}" for k, v in g.options] + ["bought"]
+        )
         lengths[L] += 1
         types[g.department] += 1
     assert set(lengths) == set(range(lo, hi + 1)), lengths
@@ -306,18 +321,20 @@ def test_pages_pagination_options_and_navigation(catalog):
     env = ShopEnv(max_steps=40)
     obs, info = env.reset(seed=2)
     assert obs == "search" and info["admissible_commands"] == [SEARCH]
-    obs, *_ , info = env.step("search[running shoes]")
+    obs, *_, info = env.step("search[running shoes]")
     res = catalog.search("running shoes", 50)
     assert len(res) == 50 and "page 1 (total results: 50)" in obs
-    assert info["admissible_commands"] == (["click[back to search]", "click[next >]"]
-                                           + [f"click[{catalog.products[i].pid}]" for i in res[:10]])
+    assert info["admissible_commands"] == (
+        ["click[back to search]", "click[next >]"] + [f"click[{catalog.products[i].pid}]" for i in res[:10]]
+    )
     first = catalog.products[res[0]]
     assert obs.split(" [SEP] ")[3:6] == [first.pid, first.title, f"${first.price:.2f}"]
     for page in range(2, 6):
         obs, *_, info = env.step("click[next >]")
         assert f"page {page} (total results: 50)" in obs and "click[< prev]" in info["admissible_commands"]
-        assert [c[6:-1] for c in info["admissible_commands"] if c.startswith("click[b0")] == \
-            [catalog.products[i].pid for i in res[(page - 1) * 10: page * 10]]
+        assert [c[6:-1] for c in info["admissible_commands"] if c.startswith("click[b0")] == [
+            catalog.products[i].pid for i in res[(page - 1) * 10 : page * 10]
+        ]
     assert "click[next >]" not in info["admissible_commands"]
     assert env.step("click[next >]")[0].startswith(NOTHING)  # no page 6
     obs, *_, info = env.step("click[< prev]")
@@ -326,9 +343,11 @@ def test_pages_pagination_options_and_navigation(catalog):
     pid = p.pid
     obs, *_, info = env.step(f"click[{pid}]")
     values = [v for _, vs in p.options for v in vs]
-    assert info["admissible_commands"] == (["click[back to search]", "click[< prev]"]
-                                           + [f"click[{v}]" for v in values]
-                                           + ["click[description]", "click[features]", "click[buy now]"])
+    assert info["admissible_commands"] == (
+        ["click[back to search]", "click[< prev]"]
+        + [f"click[{v}]" for v in values]
+        + ["click[description]", "click[features]", "click[buy now]"]
+    )
     assert p.title in obs and f"price: ${p.price:.2f}" in obs
     name, vals = next((n, v) for n, v in p.options if len(v) >= 2)
     env.step(f"click[{vals[0]}]")
@@ -354,8 +373,12 @@ def test_pages_pagination_options_and_navigation(catalog):
 def test_search_template_in_the_admissible_list():
     ok = parse_action("<action>Search[ Red  Shoes ]</action>", [SEARCH])
     assert ok.valid and ok.action == "search[ red shoes ]"
-    for text in ("<action>search[]</action>", "<action>search[  ]</action>", "<action>searching[x]</action>",
-                 "<action>click[x]</action>"):
+    for text in (
+        "<action>search[]</action>",
+        "<action>search[  ]</action>",
+        "<action>searching[x]</action>",
+        "<action>click[x]</action>",
+    ):
         assert parse_action(text, [SEARCH]).reason == "inadmissible", text
     assert not parse_action("<action>search[x]</action>", ["click[back to search]"]).valid
 
@@ -397,8 +420,7 @@ def test_collect_counts_invalid_outputs_and_gives_partial_credit():
     for p, s in enumerate(seeds):
         env.reset(seed=s)
         plans[p], goals[p] = expert_plan(env), env.goal
-    rude = {p: [a for a in plans[p] if a[len("click["):-1] not in {v for _, v in goals[p].options}]
-            for p in plans}
+    rude = {p: [a for a in plans[p] if a[len("click[") : -1] not in {v for _, v in goals[p].options}] for p in plans}
 
     def script(msgs, kind, key):
         if kind == "judge":
@@ -408,8 +430,15 @@ def test_collect_counts_invalid_outputs_and_gives_partial_credit():
             return ["<action>fly</action>", "no tags at all", "<action></action>"][t % 3]
         return f"<think>x</think><action>{(plans if m == 0 else rude)[p][t]}</action>"
 
-    cfg = RolloutConfig(mode="flat", group_size=3, max_steps=15, judgment=False, progress=False,
-                        row_multiple=8, env_reward_in_return=True)
+    cfg = RolloutConfig(
+        mode="flat",
+        group_size=3,
+        max_steps=15,
+        judgment=False,
+        progress=False,
+        row_multiple=8,
+        env_reward_in_return=True,
+    )
     res = collect([ShopEnv() for _ in range(6)], ScriptedPolicy(script), seeds, cfg)
     b = res.traj
     for p in range(2):
@@ -455,25 +484,50 @@ def test_registry_config_prompts_and_demos():
 def _launch(*args, timeout=900):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the CLI runs on the plain CPU device, as a user would
-    r = subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
-                       cwd=REPO, timeout=timeout, env=env)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=env,
+    )
     if r.returncode != 0:
         raise AssertionError(f"launch.py {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-4000:]}")
     return r
 
 
 SMALL = [
-    "--config.algo.tasks_per_iter=2", "--config.algo.num_strategies=2", "--config.algo.traj_per_strategy=2",
-    "--config.algo.oversample=2", "--config.algo.group_size=4", "--config.env.max_steps=5",
-    "--config.env.horizon_min=3", "--config.env.horizon_max=5", "--config.eval.every=0",
-    "--config.train.mini_batch_rows=16", "--config.sampling.max_action_tokens=12",
-    "--config.sampling.max_strategy_tokens=16", "--config.sampling.max_judge_tokens=8",
-    "--config.log.progress=False", "--config.iterations=1", "--config.checkpoint.every=0",
-    "--config.log.plots_every=0", "--config.log.save_batches=False",
+    "--config.algo.tasks_per_iter=2",
+    "--config.algo.num_strategies=2",
+    "--config.algo.traj_per_strategy=2",
+    "--config.algo.oversample=2",
+    "--config.algo.group_size=4",
+    "--config.env.max_steps=5",
+    "--config.env.horizon_min=3",
+    "--config.env.horizon_max=5",
+    "--config.eval.every=0",
+    "--config.train.mini_batch_rows=16",
+    "--config.sampling.max_action_tokens=12",
+    "--config.sampling.max_strategy_tokens=16",
+    "--config.sampling.max_judge_tokens=8",
+    "--config.log.progress=False",
+    "--config.iterations=1",
+    "--config.checkpoint.every=0",
+    "--config.log.plots_every=0",
+    "--config.log.save_batches=False",
 ]
-TINY = ["--config.model.tiny_hidden=32", "--config.model.tiny_layers=1", "--config.model.tiny_heads=2",
-        "--config.model.tiny_kv_heads=1", "--config.model.tiny_intermediate=64", "--config.model.tiny_vocab=1024",
-        "--config.sft.steps=3", "--config.sft.num_tasks=8", "--config.sft.batch_rows=8"]
+TINY = [
+    "--config.model.tiny_hidden=32",
+    "--config.model.tiny_layers=1",
+    "--config.model.tiny_heads=2",
+    "--config.model.tiny_kv_heads=1",
+    "--config.model.tiny_intermediate=64",
+    "--config.model.tiny_vocab=1024",
+    "--config.sft.steps=3",
+    "--config.sft.num_tasks=8",
+    "--config.sft.batch_rows=8",
+]
 
 
 @pytest.mark.slow
@@ -486,9 +540,18 @@ def test_strata_and_beacon_iterate_on_shop_through_launch(tmp_path):
     sft = runs["strata"] / "sft_model"
     info = json.loads((sft / "sft_info.json").read_text())
     assert info["steps"] == 3 and info["rows"] > 8
-    _launch(*config, *SMALL, "--config.algo.name=beacon", "--config.algo.judgment=False",
-            "--config.algo.diverse=False", f"--config.model.path={sft}", "--config.sft.steps=0",
-            "--config.sft.read_steps=0", "--workdir", str(runs["beacon"]))
+    _launch(
+        *config,
+        *SMALL,
+        "--config.algo.name=beacon",
+        "--config.algo.judgment=False",
+        "--config.algo.diverse=False",
+        f"--config.model.path={sft}",
+        "--config.sft.steps=0",
+        "--config.sft.read_steps=0",
+        "--workdir",
+        str(runs["beacon"]),
+    )
     for name, work in runs.items():
         rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
         last = rows[-1]

@@ -1,4 +1,4 @@
-"""The signpost corridor (rollout/envs/doors.py `sign_at`, issue #15's revision study) and its
+"""The signpost corridor (rollout/envs/doors.py `sign_at`, the strategy-revision study) and its
 demonstrator (rollout/demos.py `doors_script`): hand-played episodes and hand-built prompts."""
 
 import collections
@@ -73,7 +73,7 @@ def test_the_demonstrators_judgment_lists_the_doors_that_stayed_shut():
     listed = 0
     for seed in range(12):
         pick = random.Random(seed)
-        seen, infos = _play(env, seed, lambda e: pick.choice(["red", *COLORS[1:3]]))
+        seen, infos = _play(env, seed, lambda e, pick=pick: pick.choice(["red", *COLORS[1:3]]))
         actions = [f"step {i}" for i in range(len(seen) - 1)]  # the verdict must not depend on them
         prompt = judge_prompt("go through every door.", DOORS_STRATEGY, list(zip(seen[:-1], actions)))
         answer = script(prompt, "judge", (0, 0, 0))
@@ -91,17 +91,32 @@ def _action(script, messages, key=(0, 0, 0, 0)):
 def test_the_signs_demonstrator_reads_what_it_is_shown():
     script = doors_script([0], seed=0, sign_at=2)
     doors = ["open the blue door", "open the red door", "open the green door"]
-    before = step_prompt("go through every door.", "You are at door 2 of 5.", doors, strategy=DOORS_STRATEGY,
-                         step=1, history_length=0)
+    before = step_prompt(
+        "go through every door.", "You are at door 2 of 5.", doors, strategy=DOORS_STRATEGY, step=1, history_length=0
+    )
     assert _action(script, before) == "open the red door"  # before the sign: the corridor's red
-    sign = "The door opens. You are at door 3 of 5. A sign here reads: green. From this door on, only that colour opens."
+    sign = (
+        "The door opens. You are at door 3 of 5. A sign here reads: green. From this door on, only that colour opens."
+    )
     at_sign = step_prompt("go through every door.", sign, doors, strategy=DOORS_STRATEGY, step=2, history_length=0)
     assert _action(script, at_sign) == "open the green door"
-    carried = step_prompt("go through every door.", "The door opens. You are at door 4 of 5.", doors,
-                          strategy="blue doors from here on.", step=3, history_length=0)
+    carried = step_prompt(
+        "go through every door.",
+        "The door opens. You are at door 4 of 5.",
+        doors,
+        strategy="blue doors from here on.",
+        step=3,
+        history_length=0,
+    )
     assert _action(script, carried) == "open the blue door"
-    blind = step_prompt("go through every door.", "The door opens. You are at door 4 of 5.", doors,
-                        strategy=DOORS_STRATEGY, step=3, history_length=0)
+    blind = step_prompt(
+        "go through every door.",
+        "The door opens. You are at door 4 of 5.",
+        doors,
+        strategy=DOORS_STRATEGY,
+        step=3,
+        history_length=0,
+    )
     picks = {_action(script, blind, key=(0, 0, m, 3)) for m in range(30)}
     assert picks == set(doors)  # no colour named: a random listed door
 
@@ -109,18 +124,25 @@ def test_the_signs_demonstrator_reads_what_it_is_shown():
 def test_revisions_name_the_sign_in_about_half_of_the_answers():
     script = doors_script([0], seed=0, sign_at=2)
     sign = "The door opens. You are at door 3 of 5. A sign here reads: blue. From this door on, only that colour opens."
-    msgs = revision_prompt("go through every door.", sign, DOORS_STRATEGY, [("o", "open the red door")] * 2,
-                           step=2, recent=2)
+    msgs = revision_prompt(
+        "go through every door.", sign, DOORS_STRATEGY, [("o", "open the red door")] * 2, step=2, recent=2
+    )
     answers = collections.Counter(script(msgs, "strategy", (0, 0, m, 0)) for m in range(200))
     assert set(answers) == {"<strategy>blue doors from here on.</strategy>", f"<strategy>{DOORS_STRATEGY}</strategy>"}
     assert 70 <= answers["<strategy>blue doors from here on.</strategy>"] <= 130
-    no_sign = revision_prompt("go through every door.", "You are at door 2 of 5.", "green doors from here on.",
-                              [], step=2, recent=2)
+    no_sign = revision_prompt(
+        "go through every door.", "You are at door 2 of 5.", "green doors from here on.", [], step=2, recent=2
+    )
     assert script(no_sign, "strategy", (0, 0, 0, 0)) == "<strategy>green doors from here on.</strategy>"
     # the plain corridor's demonstrator is unchanged: random doors, never told red
     plain = doors_script([0], seed=0)
-    blind = step_prompt("go through every door.", "You are at door 1 of 2.", ["open the blue door", "open the red door"],
-                        step=0, history_length=0)
+    blind = step_prompt(
+        "go through every door.",
+        "You are at door 1 of 2.",
+        ["open the blue door", "open the red door"],
+        step=0,
+        history_length=0,
+    )
     assert {_action(plain, blind, key=(0, 0, m, 0)) for m in range(30)} == {"open the blue door", "open the red door"}
 
 
@@ -135,8 +157,16 @@ def test_warm_start_rows_of_both_styles_hold_revisions(tmp_path):
     c = doors("strata")
     c.env.doors_options, c.env.doors_sign_at, c.algo.revise_every = 3, 2, 2
     c.env.horizon_min = c.env.horizon_max = c.env.max_steps = 4
-    make_tiny_model(tmp_path, texts=corpus(c, num_tasks=8), vocab_size=int(c.model.tiny_vocab), hidden_size=16,
-                    layers=1, heads=2, kv_heads=1, intermediate_size=32)
+    make_tiny_model(
+        tmp_path,
+        texts=corpus(c, num_tasks=8),
+        vocab_size=int(c.model.tiny_vocab),
+        hidden_size=16,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate_size=32,
+    )
     tok = AutoTokenizer.from_pretrained(tmp_path)
     rows = sft_rows(c, tok, list(range(8)))
     texts = [tok.decode(list(p), skip_special_tokens=True) for p, _ in rows]
@@ -164,8 +194,17 @@ def test_read_probe_matches_transformers_torch_model(tmp_path):
     c = doors("strata")
     c.env.doors_options, c.env.doors_sign_at = 6, 2
     c.env.horizon_min = c.env.horizon_max = c.env.max_steps = 4
-    make_tiny_model(tmp_path, texts=corpus(c, num_tasks=16), vocab_size=640, hidden_size=32, layers=2, heads=2,
-                    kv_heads=1, intermediate_size=64, seed=1)
+    make_tiny_model(
+        tmp_path,
+        texts=corpus(c, num_tasks=16),
+        vocab_size=640,
+        hidden_size=32,
+        layers=2,
+        heads=2,
+        kv_heads=1,
+        intermediate_size=64,
+        seed=1,
+    )
     got = load_bench("read_probe").probe(str(tmp_path), doors=4, options=6, sign_at=2, tasks=3)
     assert got["n"] == 6 and got["chance"] == pytest.approx(0.2)
 
@@ -177,10 +216,12 @@ def test_read_probe_matches_transformers_torch_model(tmp_path):
         for _ in range(2):
             obs, _, _, _, info = env.step("open the red door")
         for strategy in (DOORS_STRATEGY, None):
-            msgs = step_prompt("go through every door.", obs, info["admissible_commands"], strategy=strategy,
-                               step=2, history_length=0)
-            ids = tok(render(msgs, tok) + f"{THINK}<action>open the", return_tensors="pt",
-                      add_special_tokens=False).input_ids
+            msgs = step_prompt(
+                "go through every door.", obs, info["admissible_commands"], strategy=strategy, step=2, history_length=0
+            )
+            ids = tok(
+                render(msgs, tok) + f"{THINK}<action>open the", return_tensors="pt", add_special_tokens=False
+            ).input_ids
             with torch.no_grad():
                 logits = model(ids).logits[0, -1]
             sel = logits[[tok.encode(" " + k, add_special_tokens=False)[0] for k in colours]]

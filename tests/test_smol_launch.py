@@ -14,11 +14,21 @@ from tests.test_launch import launch, metrics
 
 SMOL = ["--config", "configs/smol_household.py"]
 # 2 SFT steps of 2 rows; one iteration of 2 tasks x 2 strategies x 2 trajectories of 2 steps.
-SHRUNK = ["--config.sft.steps=2", "--config.sft.batch_rows=2", "--config.sft.num_tasks=4", "--config.iterations=1",
-          "--config.algo.tasks_per_iter=2", "--config.env.max_steps=2", "--config.env.horizon_max=2",
-          "--config.eval.every=0", "--config.train.mini_batch_rows=8", "--config.train.micro_batches=2",
-          "--config.sampling.max_strategy_tokens=24", "--config.sampling.max_judge_tokens=8",
-          "--config.log.progress=False"]
+SHRUNK = [
+    "--config.sft.steps=2",
+    "--config.sft.batch_rows=2",
+    "--config.sft.num_tasks=4",
+    "--config.iterations=1",
+    "--config.algo.tasks_per_iter=2",
+    "--config.env.max_steps=2",
+    "--config.env.horizon_max=2",
+    "--config.eval.every=0",
+    "--config.train.mini_batch_rows=8",
+    "--config.train.micro_batches=2",
+    "--config.sampling.max_strategy_tokens=24",
+    "--config.sampling.max_judge_tokens=8",
+    "--config.log.progress=False",
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +68,9 @@ def test_smollm2_export_loads_in_transformers(smol_run, tmp_path):
     out = tmp_path / "exported"
     launch("export", *SMOL, *SHRUNK, "--workdir", str(smol_run), "--out", str(out), timeout=900)
     tok = AutoTokenizer.from_pretrained(str(out))
-    ids = tok.apply_chat_template([{"role": "user", "content": "go to drawer 1"}], add_generation_prompt=True,
-                                  tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "go to drawer 1"}], add_generation_prompt=True, tokenize=True
+    )
     ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     theirs = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     with torch.no_grad():

@@ -11,8 +11,7 @@ import pytest
 
 from rollout.collect import RolloutConfig, collect
 from rollout.policy import ScriptedPolicy
-from rollout.iteration import token_advantages
-from strata_jax.advantages import AdvantageParams, compute_advantages
+from strata_jax.advantages import AdvantageParams, compute_advantages, token_advantages
 from strata_jax.advantages.weighting import step_weights
 from tests.test_collect import Corridor
 

@@ -23,12 +23,21 @@ def _traj(p, n, m, won, strategy):
 # task 0: strategy slot 0 wins both, slot 1 loses both (the slot decides: eta^2 = 1);
 # task 1: each slot wins one of two (the slot explains nothing: eta^2 = 0);
 # task 2: every trajectory wins (no variance: left out).
-TEXTS = {"strategies": [["take red", "go blue"], ["take red", "take red"], ["x", "y"]],
-         "trajectories": [_traj(0, 0, 0, True, "take red"), _traj(0, 0, 1, True, "take red"),
-                          _traj(0, 1, 0, False, "go blue"), _traj(0, 1, 1, False, "go blue"),
-                          _traj(1, 0, 0, True, "take red"), _traj(1, 0, 1, False, "take red"),
-                          _traj(1, 1, 0, True, "take red"), _traj(1, 1, 1, False, "take red"),
-                          _traj(2, 0, 0, True, "x"), _traj(2, 1, 0, True, "y")]}
+TEXTS = {
+    "strategies": [["take red", "go blue"], ["take red", "take red"], ["x", "y"]],
+    "trajectories": [
+        _traj(0, 0, 0, True, "take red"),
+        _traj(0, 0, 1, True, "take red"),
+        _traj(0, 1, 0, False, "go blue"),
+        _traj(0, 1, 1, False, "go blue"),
+        _traj(1, 0, 0, True, "take red"),
+        _traj(1, 0, 1, False, "take red"),
+        _traj(1, 1, 0, True, "take red"),
+        _traj(1, 1, 1, False, "take red"),
+        _traj(2, 0, 0, True, "x"),
+        _traj(2, 1, 0, True, "y"),
+    ],
+}
 
 
 def test_eta2_by_hand(sw):
@@ -54,8 +63,13 @@ def test_iteration_figures_by_hand(sw):
 
 
 def _run(args):
-    return subprocess.run([sys.executable, str(REPO / "bench" / "strategy_words.py"), *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "strategy_words.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 def test_command_line_prints_per_iteration_and_refuses_flat_runs(tmp_path):

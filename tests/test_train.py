@@ -21,9 +21,18 @@ from strata_jax.models.config import ModelConfig
 from strata_jax.models.qwen2 import Decoder
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-TINY = dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
-            tie_word_embeddings=False)
+TINY = dict(
+    model_type="qwen2",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
 LOSS = LossConfig(kl_coef=0.05, entropy_bonus=True, entropy_coef=0.01)
 # Low XLA optimisation level: compiles ~3x faster on the shared CPU; every comparison below
 # compiles both sides with the same options.
@@ -67,8 +76,16 @@ def random_batch(seed, S=16, L=12, vocab=64) -> TokenBatch:
     old = (-np.log(vocab) + r.normal(0, 0.3, (S, L))).astype(np.float32)
     ref = (-np.log(vocab) + r.normal(0, 0.3, (S, L))).astype(np.float32)
     z = lambda x: np.where(loss_mask, x, 0.0).astype(np.float32)  # noqa: E731
-    return TokenBatch(tokens=tokens, attention_mask=attn, loss_mask=loss_mask & valid[:, None], old_logp=z(old),
-                      ref_logp=z(ref), advantage=z(adv), row_index=row_index, row_valid=valid)
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=attn,
+        loss_mask=loss_mask & valid[:, None],
+        old_logp=z(old),
+        ref_logp=z(ref),
+        advantage=z(adv),
+        row_index=row_index,
+        row_valid=valid,
+    )
 
 
 def to_numpy(tree):
@@ -81,8 +98,10 @@ def cached_step(mesh, micro_batches):
     if key not in _STEPS:
         g, _ = tiny_model()
         opt = T.make_optimizer(OPT)
-        _STEPS[key] = (opt, T.make_train_step(g, opt, LOSS, mesh, sh.DEFAULT_RULES, micro_batches,
-                                              compiler_options=FAST))
+        _STEPS[key] = (
+            opt,
+            T.make_train_step(g, opt, LOSS, mesh, sh.DEFAULT_RULES, micro_batches, compiler_options=FAST),
+        )
     return _STEPS[key]
 
 
@@ -109,7 +128,8 @@ def test_sequence_logprobs_match_full_softmax():
     g, p = tiny_model()
     b = random_batch(0)
     logp, ent = jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5), compiler_options=FAST)(
-        g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 24, True)
+        g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 24, True
+    )
 
     @jax.jit
     def full_logits(params, tokens, mask):
@@ -118,8 +138,11 @@ def test_sequence_logprobs_match_full_softmax():
         return model.logits(hidden)
 
     logits = np.asarray(full_logits(p, b.tokens, b.attention_mask), np.float64)  # [S, L, V]
-    lsm = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+    lsm = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
         - logits.max(-1, keepdims=True)
+    )
     want = np.zeros(b.tokens.shape)
     want_ent = np.zeros(b.tokens.shape)
     for s in range(b.tokens.shape[0]):
@@ -139,8 +162,9 @@ def test_four_microbatches_equal_one_full_batch():
     opt, _ = cached_step(one_device(), 4)
 
     def full_loss(params):
-        logp, ent = T.sequence_logprobs(g, params, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask),
-                                        return_entropy=True)
+        logp, ent = T.sequence_logprobs(
+            g, params, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), return_entropy=True
+        )
         s, c, _ = policy_loss(logp, jax.tree.map(jnp.asarray, b), LOSS, 0.5, ent)
         return s / c
 
@@ -248,7 +272,8 @@ def test_minibatches_cover_each_row_once():
             if x.row_valid[s] or x.attention_mask[s].any():
                 seen.append(x.tokens[s].tobytes())
     assert sorted(seen) == sorted(b.tokens[s].tobytes() for s in range(10))
-    assert parts[-1].row_valid.sum() == b.row_valid[np.isin(np.arange(10), np.random.default_rng(0).permutation(10)[8:])].sum()
+    last_rows = np.random.default_rng(0).permutation(10)[8:]
+    assert parts[-1].row_valid.sum() == b.row_valid[np.isin(np.arange(10), last_rows)].sum()
     assert not parts[-1].loss_mask[2:].any()  # the 2 padding rows train nothing
 
 
@@ -290,8 +315,7 @@ def test_resume_in_new_process_is_bit_exact(tmp_path):
     out = tmp_path / "resumed.npz"
     script = _RESUME_SCRIPT.format(repo=str(REPO), ckpt=str(tmp_path / "ckpt"), out=str(out))
     env = dict(os.environ)
-    res = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     resumed = np.load(out)
     resumed = [resumed[f"arr_{i}"] for i in range(len(resumed.files))]

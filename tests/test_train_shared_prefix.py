@@ -1,9 +1,8 @@
 """Shared prompt prefixes in the update and the scoring (strata_jax/packing.py,
-train.shared_sequence_logprobs, `train.shared_prefix`), with and without the suffixes packed several to
-a row (`train.pack_segments`, train.packed_sequence_logprobs): the packed rows hold exactly the
-original tokens, their log-probs are `sequence_logprobs` of the unshared rows (the independent
-reference), and a train step on the packed batch gives the unshared step's loss, metrics and
-parameters, with micro-batches, on an 8-device mesh and under scan_layers."""
+train.shared_sequence_logprobs, `train.shared_prefix`): the packed rows hold exactly the original
+tokens, their log-probs are `sequence_logprobs` of the unshared rows (the independent reference),
+and a train step on the packed batch gives the unshared step's loss, metrics and parameters, with
+micro-batches, on an 8-device mesh and under scan_layers."""
 
 import types
 from collections import Counter
@@ -35,11 +34,13 @@ def _rows(seed=0, S=16, L=48):
     r = np.random.default_rng(seed)
     tok = lambda n: [int(x) for x in r.integers(1, VOCAB, n)]  # noqa: E731
     a, b = tok(22), tok(17)
-    prompts = ([a + tok(n) for n in (3, 6, 1, 9)]  # group a: own step suffixes
-               + [b, b, b + tok(5), b[:14] + tok(4)]  # group b: step 0 twice; a row sharing 14 of b's tokens
-               + [tok(15)]  # shares nothing
-               + [a + tok(2)]  # a strategy row under a
-               + [tok(30), a + tok(12)])  # a long lone row; a longer one of group a
+    prompts = (
+        [a + tok(n) for n in (3, 6, 1, 9)]  # group a: own step suffixes
+        + [b, b, b + tok(5), b[:14] + tok(4)]  # group b: step 0 twice; a row sharing 14 of b's tokens
+        + [tok(15)]  # shares nothing
+        + [a + tok(2)]  # a strategy row under a
+        + [tok(30), a + tok(12)]
+    )  # a long lone row; a longer one of group a
     responses = [tok(int(n)) for n in r.integers(3, 8, len(prompts))]
     tokens = np.zeros((S, L), np.int32)
     attn = np.zeros((S, L), bool)
@@ -47,9 +48,9 @@ def _rows(seed=0, S=16, L=48):
     for s, (p, resp) in enumerate(zip(prompts, responses)):
         row = p + resp
         assert len(row) <= L
-        tokens[s, L - len(row):] = row
-        attn[s, L - len(row):] = True
-        loss[s, L - len(resp):] = r.random(len(resp)) < 0.85
+        tokens[s, L - len(row) :] = row
+        attn[s, L - len(row) :] = True
+        loss[s, L - len(resp) :] = r.random(len(resp)) < 0.85
         loss[s, L - len(resp)] = True  # the first response token: right after the prompt's last token
     valid = attn.any(axis=1)  # the last rows are padding
     row_index = np.zeros((S, 4), np.int32)
@@ -57,54 +58,22 @@ def _rows(seed=0, S=16, L=48):
     row_index[len(prompts) - 3, 3] = -1  # the strategy row
     adv = np.repeat(r.normal(size=(S, 1)), L, 1)
     z = lambda x: np.where(loss, x, 0.0).astype(np.float32)  # noqa: E731
-    return TokenBatch(tokens=tokens, attention_mask=attn, loss_mask=loss,
-                      old_logp=z(-np.log(VOCAB) + r.normal(0, 0.5, (S, L))),
-                      ref_logp=z(-np.log(VOCAB) + r.normal(0, 0.5, (S, L))), advantage=z(adv),
-                      row_index=row_index, row_valid=valid)
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=attn,
+        loss_mask=loss,
+        old_logp=z(-np.log(VOCAB) + r.normal(0, 0.5, (S, L))),
+        ref_logp=z(-np.log(VOCAB) + r.normal(0, 0.5, (S, L))),
+        advantage=z(adv),
+        row_index=row_index,
+        row_valid=valid,
+    )
 
 
-def _pack(b, micro_batches=1, data_parallel=1, segments=False, pair=0.0, steps=2):
-    out = pack_shared(b, micro_batches, data_parallel, min_prefix=8, min_saving=0.0, segments=segments, pair=pair,
-                      steps=steps)
+def _pack(b, micro_batches=1, data_parallel=1, pair=0.0, steps=2):
+    out = pack_shared(b, micro_batches, data_parallel, min_prefix=8, min_saving=0.0, pair=pair, steps=steps)
     assert out is not None
-    assert out[0].packed == segments
     return out
-
-
-def _check_segments(sb: SharedBatch, b, order):
-    """Packed suffixes: every row's suffix sits, whole and in order, at its row_slots in a packed row
-    of its own micro-batch and device block that continues the row's prefix, at the row's positions."""
-    k, blocks = sb.micro_batches, sb.blocks
-    s, ls = sb.rows.tokens.shape
-    r, ts = sb.packed_tokens.shape
-    per_rows, per_packed = s // (k * blocks), r // (k * blocks)
-    seen = np.zeros((r, ts), bool)
-    for p in range(s):
-        j, i = p % k, p // k
-        d = i // per_rows
-        real = np.flatnonzero(np.asarray(sb.rows.attention_mask[p]))
-        assert (sb.row_slots[p, :ls - len(real)] == 0).all()
-        for c in real:
-            slot = int(sb.row_slots[p, c])
-            bin_ = d * per_packed + slot // ts  # packed row within the micro-batch
-            q, col = bin_ * k + j, slot % ts
-            assert slot // ts < per_packed
-            assert sb.packed_tokens[q, col] == sb.rows.tokens[p, c]
-            assert sb.packed_prefix[q] == sb.row_prefix[p]
-            pre = int(sb.prefix_mask[int(sb.row_prefix[p]) * k + j].sum())
-            assert sb.packed_positions[q, col] == pre + (c - real[0])
-            assert sb.packed_segments[q, col] > 0
-            assert not seen[q, col]
-            seen[q, col] = True
-        if len(real):  # one segment per row, its own
-            segs = {int(sb.packed_segments[(d * per_packed + int(sb.row_slots[p, c]) // ts) * k + j,
-                                           int(sb.row_slots[p, c]) % ts]) for c in real}
-            assert len(segs) == 1
-    np.testing.assert_array_equal(seen, sb.packed_segments > 0)  # nothing else is packed
-    # at equal lengths a plan packs no more slots than the unpacked one (at most one bin per row),
-    # so the chosen plan costs no more
-    plain, _ = _pack(b, k, blocks)
-    assert sb.model_tokens <= plain.model_tokens
 
 
 def _unpack(sb: SharedBatch, order, shape):
@@ -120,15 +89,13 @@ def _unpack(sb: SharedBatch, order, shape):
     return out
 
 
-@pytest.mark.parametrize("segments,steps", [(False, 2), (True, 2), (False, 8)])
+@pytest.mark.parametrize("steps", [2, 8])
 @pytest.mark.parametrize("k,dp", [(1, 1), (2, 1), (2, 4)])
-def test_packing_keeps_every_token_and_shares(k, dp, segments, steps):
+def test_packing_keeps_every_token_and_shares(k, dp, steps):
     b = _rows()
-    sb, order = _pack(b, k, dp, segments, steps=steps)
+    sb, order = _pack(b, k, dp, steps=steps)
     if steps > 2:  # finer widths: never more slots than the half steps' plan
-        assert sb.model_tokens <= _pack(b, k, dp, segments)[0].model_tokens
-    if segments:
-        _check_segments(sb, b, order)
+        assert sb.model_tokens <= _pack(b, k, dp)[0].model_tokens
     s, length = b.tokens.shape
     assert sorted(order.tolist()) == list(range(s))
     u, tpre = sb.prefix_tokens.shape
@@ -180,7 +147,9 @@ def test_distinct_prefixes_equal_the_tuple_count():
     r = np.random.default_rng(4)
     for trial in range(200):
         stems = [list(r.integers(1, 5, r.integers(0, 6))) for _ in range(3)]
-        prompts = sorted(stems[r.integers(3)] + list(r.integers(1, 4, r.integers(1, 8))) for _ in range(r.integers(1, 12)))
+        prompts = sorted(
+            stems[r.integers(3)] + list(r.integers(1, 4, r.integers(1, 8))) for _ in range(r.integers(1, 12))
+        )
         splits = np.array([r.integers(0, len(p) + 1) for p in prompts])
         if trial % 3 == 0:  # one split for all (as far as each row reaches): the rows' keys merge
             splits = np.minimum(splits[0], [len(p) for p in prompts])
@@ -198,12 +167,20 @@ def test_prefix_tree_tokens_by_hand():
     L = 6
     tokens, mask, loss = np.zeros((5, L), np.int32), np.zeros((5, L), bool), np.zeros((5, L), bool)
     for i, (p, r) in enumerate(rows):
-        tokens[i, L - len(p + r):] = p + r
-        mask[i, L - len(p + r):] = True
-        loss[i, L - len(r):] = True
+        tokens[i, L - len(p + r) :] = p + r
+        mask[i, L - len(p + r) :] = True
+        loss[i, L - len(r) :] = True
     z = np.zeros((5, L), np.float32)
-    tb = TokenBatch(tokens=tokens, attention_mask=mask, loss_mask=loss, old_logp=z, ref_logp=z, advantage=z,
-                    row_index=np.zeros((5, 4), np.int32), row_valid=mask.any(axis=1))
+    tb = TokenBatch(
+        tokens=tokens,
+        attention_mask=mask,
+        loss_mask=loss,
+        old_logp=z,
+        ref_logp=z,
+        advantage=z,
+        row_index=np.zeros((5, 4), np.int32),
+        row_valid=mask.any(axis=1),
+    )
     assert prefix_tree_tokens(tb) == 5 + 4
     b = _rows()
     assert prefix_tree_tokens(b) <= int(b.attention_mask.sum())
@@ -214,8 +191,11 @@ def test_packing_without_sharing_or_with_bad_rows():
     b = _rows()
     # full-length random rows share nothing, and private prefixes cannot pad less than S x L
     full = np.ones_like(b.attention_mask)
-    lone = b.replace(tokens=np.random.default_rng(1).integers(1, VOCAB, b.tokens.shape).astype(np.int32),
-                     attention_mask=full, loss_mask=full & (np.arange(b.tokens.shape[1]) >= 40))
+    lone = b.replace(
+        tokens=np.random.default_rng(1).integers(1, VOCAB, b.tokens.shape).astype(np.int32),
+        attention_mask=full,
+        loss_mask=full & (np.arange(b.tokens.shape[1]) >= 40),
+    )
     assert pack_shared(lone, min_prefix=8, min_saving=0.0) is None
     with pytest.raises(ValueError, match="not left-padded"):
         bad = b.attention_mask.copy()
@@ -232,17 +212,19 @@ def test_packing_without_sharing_or_with_bad_rows():
 def _logprobs(g, p, b, sb, window=None, g_shared=None):
     """Plain (graphdef g) and shared (g_shared, default g) log-probs and entropies."""
     plain = jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5, 6), compiler_options=FAST)(
-        g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 8192, True, window)
+        g, p, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), 8192, True, window
+    )
     shared = jax.jit(T.shared_batch_logprobs, static_argnums=(0, 3, 4, 5), compiler_options=FAST)(
-        g if g_shared is None else g_shared, p, sb, 8192, True, window)
+        g if g_shared is None else g_shared, p, sb, 8192, True, window
+    )
     return [np.asarray(x) for x in plain], [np.asarray(x) for x in shared]
 
 
-@pytest.mark.parametrize("scan_layers,window,attention,segments", [
-    (False, None, "einsum", False), (False, 10, "einsum", False), (True, None, "einsum", False),
-    (False, None, "xla", False), (False, None, "einsum", True), (False, 10, "einsum", True),
-    (True, None, "einsum", True), (False, None, "xla", True)])
-def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention, segments):
+@pytest.mark.parametrize(
+    "scan_layers,window,attention",
+    [(False, None, "einsum"), (False, 10, "einsum"), (True, None, "einsum"), (False, None, "xla")],
+)
+def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention):
     """attention "xla": the shared rows run the fused attention (model.attention, the prefix pass
     and the suffixes against its cache), the reference the plain einsum rows."""
     if scan_layers:  # the stacked [L, B, K, S, Dh] cache
@@ -254,9 +236,7 @@ def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention,
         g_shared, p2 = init_params(ModelConfig.from_hf({**TINY, **INIT}, attention=attention), seed=0)
         assert jax.tree.structure(p2) == jax.tree.structure(p)
     b = _rows()
-    sb, order = _pack(b, segments=segments, pair=0.01)
-    if segments:  # several suffixes in one packed row: a leak across segments would show
-        assert (sb.packed_segments.max(axis=1) >= 2).any()
+    sb, order = _pack(b, pair=0.01)
     (lp, ent), (slp, sent) = _logprobs(g, p, b, sb, window, g_shared)
     back = _unpack(sb, order, b.tokens.shape)
     mask = back["loss_mask"]
@@ -279,16 +259,16 @@ def test_shared_logprobs_equal_sequence_logprobs(scan_layers, window, attention,
 def _steps(mesh, batch, micro_batches, params):
     g, _ = tiny_model(**INIT)
     opt = T.make_optimizer(OPT)
-    step = T.make_train_step(g, opt, LOSS, mesh, sh.DEFAULT_RULES, micro_batches, logprob_window=12,
-                             compiler_options=FAST)
+    step = T.make_train_step(
+        g, opt, LOSS, mesh, sh.DEFAULT_RULES, micro_batches, logprob_window=12, compiler_options=FAST
+    )
     state = T.init_train_state(g, params, opt, 0, mesh, sh.DEFAULT_RULES)
     state, m = step(state, batch, 0.5)
     return to_numpy(state.params), {k: float(v) for k, v in m.items()}
 
 
-@pytest.mark.parametrize("segments", [False, True])
 @pytest.mark.parametrize("micro_batches,mesh_shape", [(1, None), (2, None), (2, {"data": 2, "fsdp": 4})])
-def test_train_step_shared_equals_unshared(micro_batches, mesh_shape, segments):
+def test_train_step_shared_equals_unshared(micro_batches, mesh_shape):
     g, p = tiny_model(**INIT)
     b = _rows()
     if mesh_shape is not None:  # 32 rows: 8 devices x 2 micro-batches need 16 prefix slots or more
@@ -296,7 +276,7 @@ def test_train_step_shared_equals_unshared(micro_batches, mesh_shape, segments):
     one = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     mesh = one if mesh_shape is None else sh.make_mesh(mesh_shape)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    sb, _ = _pack(b, micro_batches, dp, segments)
+    sb, _ = _pack(b, micro_batches, dp)
     check_same_step(one, b, mesh, sb, micro_batches, p)
 
 
@@ -331,10 +311,9 @@ def test_step_refuses_a_batch_packed_for_other_micro_batches():
         step(state, sb, 0.5)
 
 
-@pytest.mark.parametrize("segments", [False, True])
-def test_score_rows_shared_equals_plain(monkeypatch, segments):
-    """rollout/scoring.score_rows with train.shared_prefix on and off (and the suffixes packed, with
-    the tiny model's attention weight in the plan cost): the same log-probs."""
+def test_score_rows_shared_equals_plain(monkeypatch):
+    """rollout/scoring.score_rows with train.shared_prefix on and off (the tiny model's attention
+    weight in the plan cost): the same log-probs."""
     import rollout.scoring
 
     packed = []
@@ -348,12 +327,23 @@ def test_score_rows_shared_equals_plain(monkeypatch, segments):
     b = _rows()
 
     def run(shared):
-        train = types.SimpleNamespace(mini_batch_rows=8, length_buckets=(16, 32, 48), logprob_chunk=8192,
-                                      shared_prefix=shared, pack_segments=shared and segments, bucket_steps=2,
-                                      prefix_tree=False)
-        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), window=12, graphdef=g, pad_id=0,
-                                     mesh=sh.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
-                                     plan_model=ModelConfig.from_hf(TINY), work={"score": Work()})
+        train = types.SimpleNamespace(
+            mini_batch_rows=8,
+            length_buckets=(16, 32, 48),
+            logprob_chunk=8192,
+            shared_prefix=shared,
+            bucket_steps=2,
+            prefix_tree=False,
+        )
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(train=train),
+            window=12,
+            graphdef=g,
+            pad_id=0,
+            mesh=sh.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
+            plan_model=ModelConfig.from_hf(TINY),
+            work={"score": Work()},
+        )
 
     args = (p, b.tokens, b.attention_mask, b.loss_mask)
     plain_run, shared_run = run(False), run(True)
@@ -366,7 +356,6 @@ def test_score_rows_shared_equals_plain(monkeypatch, segments):
         assert (r.work["score"].real_tokens, r.work["score"].real_pairs) == (n.sum(), (n * n).sum())
     assert np.ptp(plain[b.loss_mask]) > 1.0
     assert len(packed) == 2 and any(x is not None for x in packed)  # a chunk was scored shared
-    assert all(x[0].packed == segments for x in packed if x is not None)
     np.testing.assert_allclose(shared, plain, atol=1e-5, rtol=1e-5)
 
 
@@ -378,35 +367,21 @@ def test_update_batch_packs_only_with_the_switch_on():
 
     b = _rows()
 
-    def run(shared, micro_batches=2, segments=False):
-        train = types.SimpleNamespace(micro_batches=micro_batches, length_buckets=(48,), shared_prefix=shared,
-                                      pack_segments=segments, bucket_steps=2, prefix_tree_update=False)
-        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), plan_model=ModelConfig.from_hf(TINY),
-                                     mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}))
+    def run(shared, micro_batches=2):
+        train = types.SimpleNamespace(
+            micro_batches=micro_batches,
+            length_buckets=(48,),
+            shared_prefix=shared,
+            bucket_steps=2,
+            prefix_tree_update=False,
+        )
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(train=train),
+            plan_model=ModelConfig.from_hf(TINY),
+            mesh=sh.make_mesh({"data": 2, "fsdp": 1, "tensor": 4}),
+        )
 
     assert update_batch(run(False), b) is b
     sb = update_batch(run(True), b)
     assert isinstance(sb, SharedBatch) and sb.micro_batches == 2 and sb.prefix_tokens.shape[0] % 4 == 0
     assert sb.model_tokens <= 0.8 * b.tokens.size  # packed only when it saves a fifth
-    assert not sb.packed
-    sp = update_batch(run(True, segments=True), b)
-    assert sp.packed and sp.blocks == 2 and sp.micro_batches == 2 and sp.packed_tokens.shape[0] % 4 == 0
-
-
-def test_segment_ids_shape_and_isolation():
-    g, p = tiny_model(**INIT)
-    from flax import nnx
-
-    model = nnx.merge(g, p)
-    tokens = jnp.ones((2, 4), jnp.int32)
-    pos = jnp.tile(jnp.arange(4), (2, 1))
-    mask = jnp.ones((2, 4), bool)
-    with pytest.raises(ValueError, match="segment_ids: expected shape"):
-        model(tokens, pos, mask, segment_ids=jnp.ones((2, 3), jnp.int32))
-    # two segments of one row see only themselves: segment 2 alone equals the row [c, d] by itself
-    seg = jnp.asarray([[1, 1, 2, 2], [1, 1, 1, 1]], jnp.int32)
-    pos2 = jnp.asarray([[0, 1, 0, 1], [0, 1, 2, 3]], jnp.int32)
-    hidden, _ = model(jnp.asarray([[3, 4, 5, 6], [3, 4, 5, 6]], jnp.int32), pos2, mask, segment_ids=seg)
-    alone, _ = model(jnp.asarray([[5, 6]], jnp.int32), jnp.asarray([[0, 1]], jnp.int32), jnp.ones((1, 2), bool))
-    np.testing.assert_allclose(np.asarray(hidden[0, 2:]), np.asarray(alone[0]), atol=1e-5)
-    assert np.abs(np.asarray(hidden[0, 2:]) - np.asarray(hidden[1, 2:])).max() > 1e-3  # the mask matters

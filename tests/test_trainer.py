@@ -1,6 +1,6 @@
-"""Pieces of rollout/scoring.py and rollout/warmstart.py that the end-to-end launch tests cannot pin down: the log-prob window
-of the update / scoring / SFT (equal to the full head on every trained token), length-sorted
-scoring, and bucketed SFT batches."""
+"""Pieces of rollout/scoring.py and rollout/warmstart.py that the end-to-end launch tests cannot pin
+down: the log-prob window of the update / scoring / SFT (equal to the full head on every trained token), length-sorted
+scoring, the row pieces of strata_jax/batch.py they share with the update, and bucketed SFT batches."""
 
 import types
 
@@ -13,7 +13,7 @@ from flax import nnx
 
 from rollout import scoring, warmstart
 from strata_jax import sft
-from strata_jax.batch import pad_token_rows
+from strata_jax.batch import TokenBatch, check_window, has_signal, pad_token_rows, token_order, trim_rows, trim_width
 from strata_jax.cost import Work
 from strata_jax.models.config import ModelConfig
 from strata_jax.models.qwen2 import Decoder
@@ -25,8 +25,18 @@ V = 64
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = ModelConfig(arch="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32, num_layers=1,
-                      num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True, qkv_bias=True)
+    cfg = ModelConfig(
+        arch="qwen2",
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+    )
     return nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
 
 
@@ -52,19 +62,27 @@ def test_windowed_logprobs_equal_the_full_head_on_the_window(model):
 
 
 def _fake_run(graphdef, rows: int, window: int):
-    config = mlc.ConfigDict({"train": {"mini_batch_rows": rows, "length_buckets": (8, 16, 24, 32),
-                                       "logprob_chunk": 8192, "shared_prefix": False,
-                                       "prefix_tree": False}})
-    return types.SimpleNamespace(config=config, window=window, graphdef=graphdef, pad_id=0,
-                                 work={"score": Work(), "update": Work()})
+    config = mlc.ConfigDict(
+        {
+            "train": {
+                "mini_batch_rows": rows,
+                "length_buckets": (8, 16, 24, 32),
+                "logprob_chunk": 8192,
+                "shared_prefix": False,
+                "prefix_tree": False,
+            }
+        }
+    )
+    return types.SimpleNamespace(
+        config=config, window=window, graphdef=graphdef, pad_id=0, work={"score": Work(), "update": Work()}
+    )
 
 
 def test_score_rows_equals_the_sampler_score_on_loss_tokens(model):
     graphdef, params = model
     pk = _rows(11, 32, 4, seed=1)
     pk["loss_mask"][3] = False  # a row without loss tokens is skipped (zeros)
-    got = scoring.score_rows(_fake_run(graphdef, 4, 6), params, pk["tokens"], pk["attention_mask"],
-                              pk["loss_mask"])
+    got = scoring.score_rows(_fake_run(graphdef, 4, 6), params, pk["tokens"], pk["attention_mask"], pk["loss_mask"])
     want = np.where(pk["loss_mask"], score(graphdef, params, pk["tokens"], pk["attention_mask"]), 0.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -79,13 +97,22 @@ def test_score_batch_runs_the_reference_pass_only_with_reference_params(model, r
     run = _fake_run(graphdef, 4, 6)
     run.config.train.recompute_old_logp = True
     run.reference_params = lambda: ref_params if reference else None
-    tb = types.SimpleNamespace(tokens=pk["tokens"], attention_mask=pk["attention_mask"], loss_mask=pk["loss_mask"],
-                               old_logp=np.zeros(pk["tokens"].shape, np.float32),
-                               replace=lambda **kw: kw)
+    tb = types.SimpleNamespace(
+        tokens=pk["tokens"],
+        attention_mask=pk["attention_mask"],
+        loss_mask=pk["loss_mask"],
+        old_logp=np.zeros(pk["tokens"].shape, np.float32),
+        replace=lambda **kw: kw,
+    )
     got = scoring.score_batch(run, tb, params)
     one = Work()
-    scoring.score_rows(types.SimpleNamespace(**{**vars(run), "work": {"score": one}}), params, pk["tokens"],
-                       pk["attention_mask"], pk["loss_mask"])
+    scoring.score_rows(
+        types.SimpleNamespace(**{**vars(run), "work": {"score": one}}),
+        params,
+        pk["tokens"],
+        pk["attention_mask"],
+        pk["loss_mask"],
+    )
     want_old = np.where(pk["loss_mask"], score(graphdef, params, pk["tokens"], pk["attention_mask"]), 0.0)
     np.testing.assert_allclose(got["old_logp"], want_old, rtol=1e-5, atol=1e-6)
     if reference:
@@ -101,8 +128,51 @@ def test_a_response_longer_than_the_window_is_refused(model):
     graphdef, params = model
     pk = _rows(4, 16, 6, seed=2)
     with pytest.raises(ValueError, match="log-prob window"):
-        scoring.score_rows(_fake_run(graphdef, 4, 2), params, pk["tokens"], pk["attention_mask"],
-                            np.ones_like(pk["loss_mask"]))
+        scoring.score_rows(
+            _fake_run(graphdef, 4, 2), params, pk["tokens"], pk["attention_mask"], np.ones_like(pk["loss_mask"])
+        )
+
+
+def test_row_views_of_a_token_batch_by_hand():
+    """strata_jax.batch's pure row pieces the update and the scoring share: trim_rows cuts to the
+    mini-batch's own bucket, check_window refuses a loss token left of the window, has_signal reads
+    valid loss tokens only, token_order puts rows with a shared prefix side by side."""
+    pk = pad_token_rows(
+        [np.asarray([5, 6, 7], np.int32), np.asarray([5, 9], np.int32)],
+        [np.asarray([1, 2], np.int32), np.asarray([3], np.int32)],
+        [np.zeros(2, np.float32), np.zeros(1, np.float32)],
+        16,
+        3,
+    )
+    zeros = np.zeros(pk["tokens"].shape, np.float32)
+    tb = TokenBatch(
+        tokens=pk["tokens"],
+        attention_mask=pk["attention_mask"],
+        loss_mask=pk["loss_mask"],
+        old_logp=zeros,
+        ref_logp=zeros,
+        advantage=zeros,
+        row_index=np.zeros((3, 4), np.int32),
+        row_valid=pk["row_valid"],
+    )
+    assert trim_width(pk["attention_mask"], (4, 8, 16)) == 8  # 5 tokens -> bucket 8
+    assert trim_width(pk["attention_mask"], (2, 4)) == 16  # no bucket holds them: the rows' own width
+    cut = trim_rows(tb, (4, 8, 16))
+    assert cut.tokens.shape == (3, 8) and (cut.tokens == pk["tokens"][:, -8:]).all()
+    assert cut.row_index.shape == (3, 4) and cut.row_valid.tolist() == [True, True, False]
+    check_window(pk["loss_mask"], 2)
+    with pytest.raises(ValueError, match="log-prob window"):
+        check_window(pk["loss_mask"], 1)
+    assert not has_signal(tb)
+    adv = zeros.copy()
+    adv[0, 0] = 1.0  # off the loss mask: no signal
+    assert not has_signal(tb.replace(advantage=adv))
+    adv[1, -1] = -0.5  # row 1's response token
+    assert has_signal(tb.replace(advantage=adv))
+    assert not has_signal(tb.replace(advantage=adv, row_valid=np.asarray([True, False, False])))
+    tokens = np.asarray([[0, 4, 5], [3, 3, 9], [0, 3, 3]], np.int32)
+    mask = tokens > 0
+    assert token_order(tokens, mask, np.arange(3)).tolist() == [2, 1, 0]  # [3, 3] < [3, 3, 9] < [4, 5]
 
 
 def test_sft_batches_come_from_one_length_bucket():

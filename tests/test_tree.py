@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import rollout.scoring
-from rollout.scoring import score_rows, token_order
+from rollout.scoring import score_rows
 from strata_jax import sharding as sh
 from strata_jax import train as T
+from strata_jax.batch import token_order
 from strata_jax.cost import Work, batch_work
 from strata_jax.models.config import ModelConfig
 from strata_jax.models.tiny import init_params
@@ -53,8 +54,9 @@ def test_subtree_ends_and_row_buckets_against_brute_force():
     r = np.random.default_rng(0)
     for _ in range(50):
         depth = np.cumsum(np.r_[0, r.integers(-3, 2, 40)]).clip(0)
-        want = [next((j for j in range(i + 1, len(depth)) if depth[j] <= depth[i]), len(depth))
-                for i in range(len(depth))]
+        want = [
+            next((j for j in range(i + 1, len(depth)) if depth[j] <= depth[i]), len(depth)) for i in range(len(depth))
+        ]
         np.testing.assert_array_equal(subtree_ends(depth, len(depth)), want)
     assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 6, 7, 9, 13)] == [1, 2, 3, 4, 6, 6, 8, 12, 16]
 
@@ -98,7 +100,7 @@ def test_every_row_lies_on_a_root_path_that_its_mask_shows(width, blocks):
         for d in range(n):  # brute force: what the mask shows the token at depth d is its path
             i = slot[d]
             seen = {j for j in range(t) if valid[p, j] and j <= i < tb.end[p, j]}
-            assert seen == set(slot[:d + 1].tolist())
+            assert seen == set(slot[: d + 1].tolist())
     saved = int(mask.sum()) - int(valid.sum())
     assert saved > (0 if width > 40 else -1)  # shared tokens ran once
 
@@ -109,9 +111,15 @@ def _tree_logprobs(g, p, tb: TreeBatch):
     return [np.asarray(x) for x in fn(g, p, *map(jnp.asarray, arrays), tb.blocks, 8192, True)]
 
 
-@pytest.mark.parametrize("scan_layers,attention,width,blocks,window", [
-    (False, "einsum", 64, 1, 10), (False, "einsum", 256, 2, 47), (True, "einsum", 128, 1, 10),
-    (False, "xla", 64, 4, 10)])
+@pytest.mark.parametrize(
+    "scan_layers,attention,width,blocks,window",
+    [
+        (False, "einsum", 64, 1, 10),
+        (False, "einsum", 256, 2, 47),
+        (True, "einsum", 128, 1, 10),
+        (False, "xla", 64, 4, 10),
+    ],
+)
 def test_tree_logprobs_equal_sequence_logprobs(scan_layers, attention, width, blocks, window):
     """attention "xla": the trees run the fused attention, the reference the plain einsum rows."""
     if scan_layers:  # the stacked layers, for both
@@ -126,16 +134,20 @@ def test_tree_logprobs_equal_sequence_logprobs(scan_layers, attention, width, bl
     tokens, mask = b.tokens[order], b.attention_mask[order]
     tb = pack_tree(tokens, mask, width, window, blocks)
     assert (tb.end > np.arange(width)).sum() < mask.sum()  # the trees share: fewer real slots than tokens
-    lp, ent = [np.asarray(x) for x in jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5, 6))(
-        g_ref, p, jnp.asarray(tokens), jnp.asarray(mask), 8192, True, window)]
+    lp, ent = [
+        np.asarray(x)
+        for x in jax.jit(T.sequence_logprobs, static_argnums=(0, 4, 5, 6))(
+            g_ref, p, jnp.asarray(tokens), jnp.asarray(mask), 8192, True, window
+        )
+    ]
     tlp, tent = _tree_logprobs(g, p, tb)
     assert tlp.shape == (tokens.shape[0], window + 1)
     # every column with a real predecessor: the loss tokens and all prompt tokens but the first
     w = np.zeros(mask.shape, bool)
     w[:, 1:] = mask[:, 1:] & mask[:, :-1]
     w[:, :-window] = False
-    np.testing.assert_allclose(tlp[w[:, -window - 1:]], lp[w], atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(tent[w[:, -window - 1:]], ent[w], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(tlp[w[:, -window - 1 :]], lp[w], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(tent[w[:, -window - 1 :]], ent[w], atol=1e-5, rtol=1e-5)
     assert np.ptp(lp[w]) > 1.0  # the rows' log-probs differ: a wrong path or position would show
 
 
@@ -149,12 +161,19 @@ def test_decoder_refuses_a_bad_tree_end():
     with pytest.raises(ValueError, match="tree_end: expected shape"):
         model(tokens, pos, jnp.ones((2, 4), bool), tree_end=jnp.ones((2, 3), jnp.int32))
     with pytest.raises(ValueError, match="takes no cache"):
-        model(tokens, pos, jnp.ones((2, 8), bool), cache=model.init_cache(2, 8), cache_index=0,
-              tree_end=jnp.ones((2, 4), jnp.int32))
+        model(
+            tokens,
+            pos,
+            jnp.ones((2, 8), bool),
+            cache=model.init_cache(2, 8),
+            cache_index=0,
+            tree_end=jnp.ones((2, 4), jnp.int32),
+        )
 
 
-@pytest.mark.parametrize("mesh_shape,buckets", [(None, (16, 32, 48)), ({"data": 2, "fsdp": 4}, (16, 32, 48)),
-                                                (None, (16, 32))])
+@pytest.mark.parametrize(
+    "mesh_shape,buckets", [(None, (16, 32, 48)), ({"data": 2, "fsdp": 4}, (16, 32, 48)), (None, (16, 32))]
+)
 def test_score_rows_as_trees_equals_plain(monkeypatch, mesh_shape, buckets):
     """score_rows with train.prefix_tree on (and one level of shared prefix off) and with neither: the
     same log-probs, the trees chosen for a chunk by model cost, and fewer tokens counted. Buckets
@@ -174,10 +193,23 @@ def test_score_rows_as_trees_equals_plain(monkeypatch, mesh_shape, buckets):
 
     def run(tree):
         # mini_batch_rows 4: one chunk of 4 rows per device as trees (32 on the 8-device mesh)
-        train = types.SimpleNamespace(mini_batch_rows=4, length_buckets=buckets, logprob_chunk=8192,
-                                      shared_prefix=False, prefix_tree=tree, pack_segments=False, bucket_steps=2)
-        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), window=12, graphdef=g, pad_id=0,
-                                     mesh=mesh, plan_model=ModelConfig.from_hf(TINY), work={"score": Work()})
+        train = types.SimpleNamespace(
+            mini_batch_rows=4,
+            length_buckets=buckets,
+            logprob_chunk=8192,
+            shared_prefix=False,
+            prefix_tree=tree,
+            bucket_steps=2,
+        )
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(train=train),
+            window=12,
+            graphdef=g,
+            pad_id=0,
+            mesh=mesh,
+            plan_model=ModelConfig.from_hf(TINY),
+            work={"score": Work()},
+        )
 
     args = (p, b.tokens, b.attention_mask, b.loss_mask)
     plain_run, tree_run = run(False), run(True)
@@ -231,8 +263,10 @@ def test_step_refuses_trees_packed_for_another_layout():
         step(state, tr, 0.5)
 
 
-@pytest.mark.parametrize("tree,shared,want", [(False, False, "TokenBatch"), (True, False, "TreeRows"),
-                                              (True, True, "cheaper"), (False, True, "SharedBatch")])
+@pytest.mark.parametrize(
+    "tree,shared,want",
+    [(False, False, "TokenBatch"), (True, False, "TreeRows"), (True, True, "cheaper"), (False, True, "SharedBatch")],
+)
 def test_update_batch_packs_trees_only_with_the_switch_on(tree, shared, want):
     """With a 7B model's weight of attention (pairs cheap) the trees beat the plain rows; with one
     level of shared prefix as well, the cheaper of the two plans runs."""
@@ -240,10 +274,15 @@ def test_update_batch_packs_trees_only_with_the_switch_on(tree, shared, want):
     from strata_jax.cost import MODELS
 
     def run(tree, shared):
-        train = types.SimpleNamespace(micro_batches=2, length_buckets=(48,), shared_prefix=shared,
-                                      prefix_tree_update=tree, pack_segments=False, bucket_steps=2)
-        return types.SimpleNamespace(config=types.SimpleNamespace(train=train), plan_model=MODELS["qwen2.5-7b"],
-                                     window=12, mesh=sh.make_mesh({"data": 2, "fsdp": 1}, devices=jax.devices()[:2]))
+        train = types.SimpleNamespace(
+            micro_batches=2, length_buckets=(48,), shared_prefix=shared, prefix_tree_update=tree, bucket_steps=2
+        )
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(train=train),
+            plan_model=MODELS["qwen2.5-7b"],
+            window=12,
+            mesh=sh.make_mesh({"data": 2, "fsdp": 1}, devices=jax.devices()[:2]),
+        )
 
     out = update_batch(run(tree, shared), _rows())
     if want != "cheaper":

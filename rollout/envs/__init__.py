@@ -9,13 +9,13 @@ import importlib
 
 from rollout.envs.base import EnvError, TextEnv
 
-# name -> (module, class)
+# name -> (module, class): every world, the names a config's env.name may take (configs/base.py ENVS)
 REGISTRY = {
     "household": ("rollout.envs.household", "HouseholdEnv"),
     "alfworld": ("rollout.envs.alfworld", "AlfWorldEnv"),
     "scienceworld": ("rollout.envs.scienceworld", "ScienceWorldEnv"),
-    "doors": ("rollout.envs.doors", "DoorsEnv"),
     "shop": ("rollout.envs.shop", "ShopEnv"),
+    "doors": ("rollout.envs.doors", "DoorsEnv"),
 }
 # First line of every prompt, for environments whose own differs from prompts.INTRO (household's).
 INTROS = {

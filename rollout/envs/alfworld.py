@@ -54,6 +54,7 @@ NOTHING = "Nothing happens."
 
 # ----------------------------------------------------------------------------- engine speed-ups
 
+
 @functools.cache
 def _install_textworld_speedups() -> None:
     """Memoise TextWorld's pure grammar/query parsers and make context copies shallow (once)."""
@@ -73,9 +74,13 @@ def _install_textworld_speedups() -> None:
     cached_query = functools.lru_cache(maxsize=None)(lambda expr: query(Rule, expr))
 
     def shallow_context(context):
-        return {"state": context["state"], "facts": context["facts"],
-                "variables": dict(context["variables"]), "mapping": dict(context["mapping"]),
-                "entity_infos": context["entity_infos"]}
+        return {
+            "state": context["state"],
+            "facts": context["facts"],
+            "variables": dict(context["variables"]),
+            "mapping": dict(context["mapping"]),
+            "entity_infos": context["entity_infos"],
+        }
 
     tg._parse_and_convert = cached_parse
     tg.copy_context = shallow_context
@@ -170,15 +175,19 @@ def _engine_classes():
             return logic, task, sas, facts
 
         def _new_state(self):
-            return CachedState(self.downward_lib, self._logic, self._task, self._sas,
-                               self._init_facts)
+            return CachedState(self.downward_lib, self._logic, self._task, self._sas, self._init_facts)
 
         def reset(self):
             self._pddl_state = self._new_state()
             self.prev_state, self.state = None, GameState()
             self._last_action, self._moves = None, 0
-            context = {"state": self._pddl_state, "facts": list(self._pddl_state.facts),
-                       "variables": {}, "mapping": {}, "entity_infos": self._entity_infos}
+            context = {
+                "state": self._pddl_state,
+                "facts": list(self._pddl_state.facts),
+                "variables": {},
+                "mapping": {},
+                "entity_infos": self._entity_infos,
+            }
             self.state.feedback = self._logic.grammar.derive("#intro#", context)
             self.state.raw = self.state.feedback
             self._gather_infos()
@@ -226,6 +235,7 @@ _GAME_CACHE = _LRU(int(os.environ.get("STRATA_ALFWORLD_CACHE", "128")))
 
 # ----------------------------------------------------------------------------- games on disk
 
+
 def list_games(data_dir: str, split: str) -> list[str]:
     """Game folders of a split (relative to json_2.1.1/), sorted; AlfredTWEnv's path filter."""
     if split not in SPLITS:
@@ -236,7 +246,8 @@ def list_games(data_dir: str, split: str) -> list[str]:
         archive = "train.tar.xz" if split == "train" else "eval.tar.xz"
         raise GamesNotFoundError(
             f"ALFWorld games not found: {split_dir} does not exist. Unpack them into the data dir: "
-            f"tar xJf ../shared/data/alfworld/{archive} -C {data_dir}")
+            f"tar xJf ../shared/data/alfworld/{archive} -C {data_dir}"
+        )
     games = []
     for dirpath, _, files in os.walk(split_dir):
         if "traj_data.json" in files and "game.tw-pddl" in files:
@@ -253,6 +264,7 @@ def _norm_type(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- milestones
+
 
 class FactMilestones:
     """Goal-relevant PDDL facts, each counted the first time it becomes true."""
@@ -275,8 +287,13 @@ class FactMilestones:
         self.held: set[str] = set()
         self.done: set[str] = set()
         self.placed = 0
-        self.total = (self.need + (1 if self.transform else 0) + int(self.sliced)
-                      + int(bool(self.toggle)) + (self.need if self.parent else 0))
+        self.total = (
+            self.need
+            + (1 if self.transform else 0)
+            + int(self.sliced)
+            + int(bool(self.toggle))
+            + (self.need if self.parent else 0)
+        )
         self.update(facts)  # facts already true at the start are not milestones
 
     def update(self, facts) -> str | None:
@@ -286,7 +303,7 @@ class FactMilestones:
             if f.name in ("holds", "ishot", "iscool", "isclean", "issliced", "istoggled", "inreceptacle"):
                 props[f.name].add(tuple(a.name for a in f.arguments))
         new = []
-        for (_, o) in props["holds"]:
+        for _, o in props["holds"]:
             if o in self.targets and o not in self.held:
                 self.held.add(o)
                 if len(self.held) <= self.need:
@@ -303,9 +320,12 @@ class FactMilestones:
                 self.done.add("istoggled")
                 new.append(f"istoggled {self.names.get(hit[0], hit[0])}")
         if self.parents:
-            ok = {o for o in self.targets
-                  if (not self.transform or (o,) in props[self.transform])
-                  and (not self.sliced or (o,) in props["issliced"])}
+            ok = {
+                o
+                for o in self.targets
+                if (not self.transform or (o,) in props[self.transform])
+                and (not self.sliced or (o,) in props["issliced"])
+            }
             n = min(self.need, sum(1 for (o, r) in props["inreceptacle"] if o in ok and r in self.parents))
             if n > self.placed:
                 self.placed = n
@@ -350,7 +370,7 @@ class PlanMilestones:
             return None
         hit = step == want
         if not hit and step[0] == want[0] == "GotoLocation":
-            hit = want[1][0] in contents_of(command[len("go to "):])  # e.g. "go to desklamp"
+            hit = want[1][0] in contents_of(command[len("go to ") :])  # e.g. "go to desklamp"
         if not hit:
             return None
         self.next += 1
@@ -359,12 +379,19 @@ class PlanMilestones:
 
 # ----------------------------------------------------------------------------- environment
 
+
 class AlfWorldEnv(TextEnv):
     """One ALFWorld split as a TextEnv (see the module docstring)."""
 
-    def __init__(self, data_dir: str, split: str = "train", max_steps: int = 50,
-                 milestones: str = "facts", task_types: tuple[str, ...] | None = None,
-                 cache_dir: str | None = None):
+    def __init__(
+        self,
+        data_dir: str,
+        split: str = "train",
+        max_steps: int = 50,
+        milestones: str = "facts",
+        task_types: tuple[str, ...] | None = None,
+        cache_dir: str | None = None,
+    ):
         super().__init__(max_steps)
         if milestones not in MILESTONE_MODES:
             raise ValueError(f"unknown milestones {milestones!r}; allowed: {', '.join(MILESTONE_MODES)}")
@@ -422,8 +449,7 @@ class AlfWorldEnv(TextEnv):
         self.done, self.won, self.started = False, False, True
         self.names = {k: info.name for k, info in env.unwrapped._entity_infos.items()}
         if self.milestones == "facts":
-            self.tracker = FactMilestones(traj["task_type"], traj["pddl_params"],
-                                          state["_facts"], self.names)
+            self.tracker = FactMilestones(traj["task_type"], traj["pddl_params"], state["_facts"], self.names)
         else:
             self.tracker = PlanMilestones(traj["high_level_plan"])
         obs = state.feedback
@@ -480,6 +506,8 @@ class AlfWorldEnv(TextEnv):
         """Object types in a receptacle (by display name), from the engine's facts."""
         by_name = {v: k for k, v in self.names.items()}
         rid = by_name.get(receptacle)
-        return {self.names.get(f.arguments[0].name, "").rsplit(" ", 1)[0]
-                for f in self.state["_facts"]
-                if f.name == "inreceptacle" and f.arguments[1].name == rid}
+        return {
+            self.names.get(f.arguments[0].name, "").rsplit(" ", 1)[0]
+            for f in self.state["_facts"]
+            if f.name == "inreceptacle" and f.arguments[1].name == rid
+        }

@@ -12,7 +12,7 @@ advantages gathered onto the wrong rows all leave it flat (or make it worse).
 
 Milestones: each door opened (BEACON's segments). L* = the number of doors.
 
-`sign_at = s > 0` (the signpost corridor, issue #15's controlled revision study): from door s+1 on
+`sign_at = s > 0` (the signpost corridor, a controlled study of strategy revision): from door s+1 on
 (1-based) a task-specific colour opens instead of red, drawn from the other listed colours, and
 only the observation at door s+1 says which ("A sign here reads: green. ..."). With the corridor's
 prompts (no history), a flat policy sees the sign at that one door only: to use it later, the
@@ -38,17 +38,20 @@ class DoorsEnv(TextEnv):
     """See the module docstring. `doors`: (lo, hi) number of doors; `options`: doors listed per step
     (the first `options` colours, shuffled); `sign_at`: the signpost (module docstring), 0 = none."""
 
-    def __init__(self, max_steps: int | None = None, doors: tuple[int, int] = (2, 2), options: int = 2,
-                 sign_at: int = 0):
+    def __init__(
+        self, max_steps: int | None = None, doors: tuple[int, int] = (2, 2), options: int = 2, sign_at: int = 0
+    ):
         lo, hi = (int(doors), int(doors)) if isinstance(doors, int) else map(int, doors)
         if not 1 <= lo <= hi:
             raise ValueError(f"doors must be (lo, hi) with 1 <= lo <= hi, got {doors}")
         if not 2 <= options <= len(COLORS):
             raise ValueError(f"options={options} must be in [2, {len(COLORS)}]")
         if sign_at < 0 or (sign_at and options < 3):
-            raise ValueError(f"sign_at={sign_at} must be 0 (no sign) or >= 1 with options >= 3 (the sign's "
-                             f"colour is one of the other listed colours; with 2 it would be the same one "
-                             f"every time), got options={options}")
+            raise ValueError(
+                f"sign_at={sign_at} must be 0 (no sign) or >= 1 with options >= 3 (the sign's "
+                f"colour is one of the other listed colours; with 2 it would be the same one "
+                f"every time), got options={options}"
+            )
         super().__init__(hi if max_steps is None else int(max_steps))
         self.doors, self.options, self.sign_at = (lo, hi), int(options), int(sign_at)
         self.lists: list[list[str]] = []
@@ -58,14 +61,21 @@ class DoorsEnv(TextEnv):
         super().reset(seed=seed)
         rng = random.Random(0 if seed is None else int(seed))
         n = rng.randint(*self.doors)
-        self.lists = [[f"open the {c} door" for c in rng.sample(COLORS[: self.options], self.options)]
-                      for _ in range(n)]
-        after = rng.choice(COLORS[1: self.options]) if self.sign_at else OPENS  # drawn after the lists
+        self.lists = [
+            [f"open the {c} door" for c in rng.sample(COLORS[: self.options], self.options)] for _ in range(n)
+        ]
+        after = rng.choice(COLORS[1 : self.options]) if self.sign_at else OPENS  # drawn after the lists
         self.opens = [OPENS if not self.sign_at or i < self.sign_at else after for i in range(n)]
         self.at, self.steps, self.done, self.won = 0, 0, False, False
-        info = {"task": "go through every door.", "admissible_commands": list(self.lists[0]),
-                "task_type": "doors", "horizon": n, "task_id": f"doors/{seed}", "won": False,
-                "milestones_total": n}
+        info = {
+            "task": "go through every door.",
+            "admissible_commands": list(self.lists[0]),
+            "task_type": "doors",
+            "horizon": n,
+            "task_id": f"doors/{seed}",
+            "won": False,
+            "milestones_total": n,
+        }
         return self._here(), info
 
     def _here(self) -> str:
@@ -93,6 +103,11 @@ class DoorsEnv(TextEnv):
         truncated = not self.won and self.steps >= self.max_steps
         self.done = self.won or truncated
         admissible = [] if self.won else list(self.lists[self.at])
-        info = {"won": self.won, "milestone": right, "milestone_name": f"door {self.at}" if right else None,
-                "admissible_commands": admissible, "state_changed": right}
+        info = {
+            "won": self.won,
+            "milestone": right,
+            "milestone_name": f"door {self.at}" if right else None,
+            "admissible_commands": admissible,
+            "state_changed": right,
+        }
         return obs, 0.0, self.won, truncated, info

@@ -43,9 +43,15 @@ def _listing(items: list[str]) -> str:
 class HouseholdEnv(TextEnv):
     """Built-in ALFWorld-like world; see the module docstring. Reward is always 0."""
 
-    def __init__(self, max_steps: int = 30, horizon: tuple[int, int] = (2, 12),
-                 task_types: tuple[str, ...] | None = None, n_extra_receptacles: int = 4,
-                 n_distractors: int = 6, reveal_objects: bool = False):
+    def __init__(
+        self,
+        max_steps: int = 30,
+        horizon: tuple[int, int] = (2, 12),
+        task_types: tuple[str, ...] | None = None,
+        n_extra_receptacles: int = 4,
+        n_distractors: int = 6,
+        reveal_objects: bool = False,
+    ):
         super().__init__(max_steps)
         lo, hi = (int(horizon), int(horizon)) if isinstance(horizon, int) else map(int, horizon)
         if not 1 <= lo <= hi:
@@ -74,8 +80,7 @@ class HouseholdEnv(TextEnv):
         if seed is None:
             seed = self._seed_rng.randrange(2**31)
         self.seed_ = int(seed)
-        task, world = generate(self.seed_, *self.horizon, self.task_types, self.n_extra,
-                                self.n_distractors)
+        task, world = generate(self.seed_, *self.horizon, self.task_types, self.n_extra, self.n_distractors)
         return self.start(task, world, task_id=f"household/{self.seed_}")
 
     def start(self, task: Task, world: World, task_id: str = "household/custom"):
@@ -87,8 +92,9 @@ class HouseholdEnv(TextEnv):
         self._transformed = False
         self._placed = 0
         self._lit = False
-        self.milestones_total = {"pick_two": 4, "look_at_obj_in_light": 2,
-                                 "pick_and_place": 2}.get(self.task.task_type, 3)
+        self.milestones_total = {"pick_two": 4, "look_at_obj_in_light": 2, "pick_and_place": 2}.get(
+            self.task.task_type, 3
+        )
         info = {
             "task": self.task.goal,
             "admissible_commands": self.admissible_commands(),
@@ -119,27 +125,40 @@ class HouseholdEnv(TextEnv):
         """Everything a step can change: where the agent is, what it holds, what is open, where
         each object lies, the lamp, the transformed objects and the task progress."""
         w = self.world
-        return (w.at, w.held, frozenset(w.opened), w.lamp_on, tuple(sorted(w.where.items(), key=str)),
-                tuple((k, frozenset(v)) for k, v in sorted(w.state.items())), frozenset(self._picked),
-                self._transformed, self._placed, self._lit)
+        return (
+            w.at,
+            w.held,
+            frozenset(w.opened),
+            w.lamp_on,
+            tuple(sorted(w.where.items(), key=str)),
+            tuple((k, frozenset(v)) for k, v in sorted(w.state.items())),
+            frozenset(self._picked),
+            self._transformed,
+            self._placed,
+            self._lit,
+        )
 
     # -- text --------------------------------------------------------------------------------
 
     def _intro(self) -> str:
         w = self.world
         names = sorted(w.rtype, key=lambda r: w.loc[r])
-        where = ("You are in the middle of a room." if w.at is None
-                 else f"You are at loc {w.loc[w.at]}, in front of the {w.at}.")
+        where = (
+            "You are in the middle of a room."
+            if w.at is None
+            else f"You are at loc {w.loc[w.at]}, in front of the {w.at}."
+        )
         carry = f" You are carrying a {w.held}." if w.held else ""
         seen = ""
         if self.reveal_objects:
             objs = sorted(o for o, r in w.where.items() if r is not None and otype(o) == self.task.obj_type)
-            seen = "".join(f" The {o} is {'in' if w.where[o] in w.openable else 'on'} the {w.where[o]}."
-                           for o in objs)
+            seen = "".join(f" The {o} is {'in' if w.where[o] in w.openable else 'on'} the {w.where[o]}." for o in objs)
             if self.task.task_type == "look_at_obj_in_light":
                 seen += f" The desklamp 1 is on the {w.lamp_host}."
-        return (f"{WELCOME}{where} Looking quickly around you, you see {_listing(names)}."
-                f"{seen}{carry}\n\nYour task is to: {self.task.goal}")
+        return (
+            f"{WELCOME}{where} Looking quickly around you, you see {_listing(names)}."
+            f"{seen}{carry}\n\nYour task is to: {self.task.goal}"
+        )
 
     def _visible(self, r: str) -> list[str]:
         w = self.world
@@ -262,8 +281,7 @@ class HouseholdEnv(TextEnv):
         if t.target_type is None:
             return None
         w = self.world
-        n = sum(1 for r, objs in w.contents.items() if w.rtype[r] == t.target_type
-                for o in objs if self._satisfies(o))
+        n = sum(1 for r, objs in w.contents.items() if w.rtype[r] == t.target_type for o in objs if self._satisfies(o))
         n = min(n, t.need)
         if n <= self._placed:
             return None
@@ -274,8 +292,14 @@ class HouseholdEnv(TextEnv):
     def _lamp_check(self) -> str | None:
         """look_at_obj_in_light: holding the object at the lit lamp (fires once, = won)."""
         w = self.world
-        if (self.task.task_type != "look_at_obj_in_light" or self._lit or not w.lamp_on
-                or w.at != w.lamp_host or w.held is None or otype(w.held) != self.task.obj_type):
+        if (
+            self.task.task_type != "look_at_obj_in_light"
+            or self._lit
+            or not w.lamp_on
+            or w.at != w.lamp_host
+            or w.held is None
+            or otype(w.held) != self.task.obj_type
+        ):
             return None
         self._lit = self.won = True
         return f"looked at {w.held} under the desklamp"

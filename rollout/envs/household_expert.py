@@ -47,4 +47,3 @@ def shortest_plan(task: Task, w: World) -> list[str]:
         open_(target)
         plan.append(f"put {o} in/on {target}")
     return plan
-

@@ -39,22 +39,94 @@ TRANSFORMS = {
 }
 APPLIANCES = ("sinkbasin", "microwave", "fridge")
 OPENABLE = ("cabinet", "drawer", "safe")  # plus fridge / microwave (appliances)
-SURFACES = ("countertop", "shelf", "diningtable", "coffeetable", "dresser", "sofa", "armchair",
-            "garbagecan", "stoveburner", "bed")
+SURFACES = (
+    "countertop",
+    "shelf",
+    "diningtable",
+    "coffeetable",
+    "dresser",
+    "sofa",
+    "armchair",
+    "garbagecan",
+    "stoveburner",
+    "bed",
+)
 LAMP_HOSTS = ("desk", "sidetable")
 # Object types per task type (ALFWorld's own pairings, abridged).
 OBJECTS = {
-    "pick_and_place": ("apple", "book", "cellphone", "keychain", "pen", "pencil", "creditcard",
-                       "vase", "statue", "remotecontrol", "soapbottle", "spraybottle", "cd"),
-    "pick_two": ("book", "cellphone", "keychain", "pen", "pencil", "creditcard", "cd",
-                 "remotecontrol", "soapbar", "candle", "pillow"),
-    "look_at_obj_in_light": ("book", "cellphone", "alarmclock", "pen", "pencil", "keychain",
-                             "creditcard", "cd", "bowl", "mug", "statue"),
-    "pick_clean_then_place": ("apple", "mug", "plate", "cup", "bowl", "fork", "spoon", "spatula",
-                              "ladle", "pan", "pot", "soapbar", "cloth", "lettuce", "tomato"),
+    "pick_and_place": (
+        "apple",
+        "book",
+        "cellphone",
+        "keychain",
+        "pen",
+        "pencil",
+        "creditcard",
+        "vase",
+        "statue",
+        "remotecontrol",
+        "soapbottle",
+        "spraybottle",
+        "cd",
+    ),
+    "pick_two": (
+        "book",
+        "cellphone",
+        "keychain",
+        "pen",
+        "pencil",
+        "creditcard",
+        "cd",
+        "remotecontrol",
+        "soapbar",
+        "candle",
+        "pillow",
+    ),
+    "look_at_obj_in_light": (
+        "book",
+        "cellphone",
+        "alarmclock",
+        "pen",
+        "pencil",
+        "keychain",
+        "creditcard",
+        "cd",
+        "bowl",
+        "mug",
+        "statue",
+    ),
+    "pick_clean_then_place": (
+        "apple",
+        "mug",
+        "plate",
+        "cup",
+        "bowl",
+        "fork",
+        "spoon",
+        "spatula",
+        "ladle",
+        "pan",
+        "pot",
+        "soapbar",
+        "cloth",
+        "lettuce",
+        "tomato",
+    ),
     "pick_heat_then_place": ("apple", "bread", "potato", "tomato", "egg", "mug", "cup", "plate"),
-    "pick_cool_then_place": ("apple", "bread", "potato", "tomato", "egg", "mug", "cup", "plate",
-                             "lettuce", "winebottle", "pan", "pot"),
+    "pick_cool_then_place": (
+        "apple",
+        "bread",
+        "potato",
+        "tomato",
+        "egg",
+        "mug",
+        "cup",
+        "plate",
+        "lettuce",
+        "winebottle",
+        "pan",
+        "pot",
+    ),
 }
 ALL_OBJECTS = tuple(sorted({o for v in OBJECTS.values() for o in v}))
 # ALFWorld goal templates per task type.
@@ -127,8 +199,7 @@ class World:
     held: str | None
     lamp_host: str | None
     lamp_on: bool = False
-    state: dict[str, set[str]] = field(default_factory=lambda: {"heat": set(), "cool": set(),
-                                                                "clean": set()})
+    state: dict[str, set[str]] = field(default_factory=lambda: {"heat": set(), "cool": set(), "clean": set()})
 
 
 def otype(name: str) -> str:
@@ -160,8 +231,9 @@ def task_type_of(seed: int, lo: int, hi: int, types: tuple[str, ...] = TASK_TYPE
     return sample_task(random.Random(f"household-{seed}"), lo, hi, types)[0]
 
 
-def generate(seed: int, lo: int, hi: int, types: tuple[str, ...], n_extra: int,
-              n_distractors: int) -> tuple[Task, World]:
+def generate(
+    seed: int, lo: int, hi: int, types: tuple[str, ...], n_extra: int, n_distractors: int
+) -> tuple[Task, World]:
     rng = random.Random(f"household-{seed}")
     task_type, f = sample_task(rng, lo, hi, types)
     obj_type = rng.choice(OBJECTS[task_type])
@@ -242,8 +314,15 @@ def generate(seed: int, lo: int, hi: int, types: tuple[str, ...], n_extra: int,
     else:
         goal = rng.choice(TEMPLATES[task_type]).format(o=obj_type, r=target_type)
     task = Task(task_type, obj_type, target_type, 2 if task_type == "pick_two" else 1, goal, f)
-    world = World(rtype=rtype, loc=dict(zip(names, locs)), openable=openable, opened=set(),
-                  contents=contents, where=where, at=None if f["start_away"] else src,
-                  held=held, lamp_host=lamp_host)
+    world = World(
+        rtype=rtype,
+        loc=dict(zip(names, locs)),
+        openable=openable,
+        opened=set(),
+        contents=contents,
+        where=where,
+        at=None if f["start_away"] else src,
+        held=held,
+        lamp_host=lamp_host,
+    )
     return task, world
-

@@ -17,7 +17,6 @@ horizon: -1, or with `gold_horizon=True` the length of the simulator's gold acti
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from rollout.envs.base import EnvError, TextEnv
 
@@ -28,8 +27,14 @@ NOTHING = "No known action matches that input."
 class ScienceWorldEnv(TextEnv):
     """One ScienceWorld JVM; see the module docstring."""
 
-    def __init__(self, max_steps: int = 50, split: str = "train", task_names: tuple[str, ...] | None = None,
-                 simplification: str = "easy", gold_horizon: bool = False):
+    def __init__(
+        self,
+        max_steps: int = 50,
+        split: str = "train",
+        task_names: tuple[str, ...] | None = None,
+        simplification: str = "easy",
+        gold_horizon: bool = False,
+    ):
         super().__init__(max_steps)
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
@@ -53,8 +58,10 @@ class ScienceWorldEnv(TextEnv):
                 self._sim = Simulator("", envStepLimit=10 * self.max_steps + 100)
                 names = sorted(self._sim.get_task_names())
             except Exception as e:  # noqa: BLE001
-                raise EnvError(f"ScienceWorld could not start its JVM (needs Java 17 on PATH; "
-                               f"check `java -version`): {type(e).__name__}: {e}") from e
+                raise EnvError(
+                    f"ScienceWorld could not start its JVM (needs Java 17 on PATH; "
+                    f"check `java -version`): {type(e).__name__}: {e}"
+                ) from e
             if self.task_names is None:
                 self.task_names = tuple(names)
             unknown = [t for t in self.task_names if t not in names]
@@ -66,8 +73,9 @@ class ScienceWorldEnv(TextEnv):
         if task not in self._variations:
             sim = self._sim
             sim.load(task, 0, self.simplification)
-            get = {"train": sim.get_variations_train, "dev": sim.get_variations_dev,
-                   "test": sim.get_variations_test}[self.split]
+            get = {"train": sim.get_variations_train, "dev": sim.get_variations_dev, "test": sim.get_variations_test}[
+                self.split
+            ]
             self._variations[task] = sorted(int(v) for v in get())
             if not self._variations[task]:
                 raise EnvError(f"ScienceWorld task {task} has no {self.split} variations")

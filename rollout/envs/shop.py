@@ -148,8 +148,9 @@ def price_upper(rng: random.Random, price: float) -> float:
     return sorted(rng.sample(above, 2))[1]
 
 
-def make_goal(catalog: Catalog, target: Product, attributes: list[str], options: list[tuple[str, str]],
-              upper: float) -> Goal:
+def make_goal(
+    catalog: Catalog, target: Product, attributes: list[str], options: list[tuple[str, str]], upper: float
+) -> Goal:
     cat = catalog.categories[target.category]
     query = f"{' and '.join(attributes)} {cat.type}"
     text = f"i need {query}"
@@ -157,8 +158,9 @@ def make_goal(catalog: Catalog, target: Product, attributes: list[str], options:
         text += ", with " + ", and ".join(f"{k}: {v}" for k, v in options)
     if upper < NO_BOUND:
         text += f", and price lower than {upper:.2f} dollars"
-    return Goal(target.pid, cat.index, cat.department, cat.type, cat.path, tuple(attributes), tuple(options),
-                upper, text, query)
+    return Goal(
+        target.pid, cat.index, cat.department, cat.type, cat.path, tuple(attributes), tuple(options), upper, text, query
+    )
 
 
 def expert_page(catalog: Catalog, goal: Goal, results: list[int], page_size: int) -> tuple[int, int] | None:
@@ -180,8 +182,9 @@ def reachable_lengths(lo: int, hi: int, page_size: int, num_results: int, n_opti
 
 
 @functools.lru_cache(maxsize=8192)
-def generate(seed: int, lo: int, hi: int, catalog_seed: int, num_products: int, page_size: int,
-             num_results: int) -> tuple[Goal, int, int]:
+def generate(
+    seed: int, lo: int, hi: int, catalog_seed: int, num_products: int, page_size: int, num_results: int
+) -> tuple[Goal, int, int]:
     """(goal, expert page, expert product index) of task `seed`; deterministic in all arguments.
 
     L* is drawn uniformly from the reachable lengths in [lo, hi]. Then candidates are drawn (a
@@ -223,8 +226,15 @@ def generate(seed: int, lo: int, hi: int, catalog_seed: int, num_products: int, 
 class ShopEnv(TextEnv):
     """The store; see the module docstring. Reward: WebShop's score at `buy now`, else 0."""
 
-    def __init__(self, max_steps: int = 15, horizon: tuple[int, int] = (3, 9), catalog_seed: int = 0,
-                 num_products: int = 24000, page_size: int = 10, num_results: int = 50):
+    def __init__(
+        self,
+        max_steps: int = 15,
+        horizon: tuple[int, int] = (3, 9),
+        catalog_seed: int = 0,
+        num_products: int = 24000,
+        page_size: int = 10,
+        num_results: int = 50,
+    ):
         super().__init__(max_steps)
         lo, hi = (int(horizon), int(horizon)) if isinstance(horizon, int) else map(int, horizon)
         if not 1 <= lo <= hi:
@@ -236,9 +246,11 @@ class ShopEnv(TextEnv):
         self.catalog = get_catalog(int(catalog_seed), int(num_products))
         n_opts = max_options(self.catalog)
         if not reachable_lengths(lo, hi, page_size, num_results, n_opts):
-            raise ValueError(f"no shop task has a plan length in [{lo}, {hi}]: the shortest is {MIN_LENGTH}, the "
-                             f"longest {MIN_LENGTH + math.ceil(num_results / page_size) - 1 + n_opts} with "
-                             f"page_size={page_size}, num_results={num_results}")
+            raise ValueError(
+                f"no shop task has a plan length in [{lo}, {hi}]: the shortest is {MIN_LENGTH}, the "
+                f"longest {MIN_LENGTH + math.ceil(num_results / page_size) - 1 + n_opts} with "
+                f"page_size={page_size}, num_results={num_results}"
+            )
         self.horizon = (lo, hi)
         self.catalog_seed, self.num_products = int(catalog_seed), int(num_products)
         self.page_size, self.num_results = int(page_size), int(num_results)
@@ -253,8 +265,9 @@ class ShopEnv(TextEnv):
         if seed is None:
             seed = self._seed_rng.randrange(2**31)
         self.seed_ = int(seed)
-        goal, _, _ = generate(self.seed_, *self.horizon, self.catalog_seed, self.num_products,
-                              self.page_size, self.num_results)
+        goal, _, _ = generate(
+            self.seed_, *self.horizon, self.catalog_seed, self.num_products, self.page_size, self.num_results
+        )
         return self.start(goal, task_id=f"shop/{self.seed_}")
 
     def start(self, goal: Goal, task_id: str = "shop/custom"):
@@ -303,7 +316,7 @@ class ShopEnv(TextEnv):
 
     def _page_items(self) -> list[int]:
         s = self.page_no * self.page_size
-        return self.results[s:s + self.page_size]
+        return self.results[s : s + self.page_size]
 
     def _more(self) -> bool:
         return (self.page_no + 1) * self.page_size < len(self.results)
@@ -314,8 +327,9 @@ class ShopEnv(TextEnv):
             return "search"
         if self.page == "done":
             pid, sc = self.bought
-            return SEP.join(["thank you for shopping with us!", "purchased", pid,
-                             "your score (min 0.0, max 1.0)", f"{sc:.2f}"])
+            return SEP.join(
+                ["thank you for shopping with us!", "purchased", pid, "your score (min 0.0, max 1.0)", f"{sc:.2f}"]
+            )
         parts = ["back to search"]
         if self.page == "results":
             if self.page_no > 0:
@@ -371,7 +385,7 @@ class ShopEnv(TextEnv):
     def _apply(self, cmd: str) -> tuple[float, str | None, bool]:
         """Run one command -> (reward, milestone or None, whether anything changed)."""
         if cmd.startswith("search[") and cmd.endswith("]") and self.page == "search":
-            query = cmd[len("search["):-1].strip()
+            query = cmd[len("search[") : -1].strip()
             if not query:
                 return 0.0, None, False
             self.results = self.catalog.search(query, self.num_results)
@@ -379,7 +393,7 @@ class ShopEnv(TextEnv):
             return 0.0, self._results_check(), True
         if not (cmd.startswith("click[") and cmd.endswith("]")):
             return 0.0, None, False
-        button = cmd[len("click["):-1].strip()
+        button = cmd[len("click[") : -1].strip()
         if button not in self.clickables():
             return 0.0, None, False
         if button == "back to search":
@@ -442,8 +456,13 @@ def plan_for(catalog: Catalog, g: Goal, page_size: int, num_results: int) -> tup
     if found is None:
         return ()
     page, idx = found
-    return tuple([f"search[{g.query}]"] + ["click[next >]"] * page + [f"click[{catalog.products[idx].pid}]"]
-                 + [f"click[{v}]" for _, v in g.options] + ["click[buy now]"])
+    return tuple(
+        [f"search[{g.query}]"]
+        + ["click[next >]"] * page
+        + [f"click[{catalog.products[idx].pid}]"]
+        + [f"click[{v}]" for _, v in g.options]
+        + ["click[buy now]"]
+    )
 
 
 def expert_plan(env: ShopEnv) -> list[str]:
@@ -474,5 +493,17 @@ def solve(seed: int, **env_kwargs: Any) -> list[str]:
     return expert_plan(env)
 
 
-__all__ = ["Goal", "ShopEnv", "can_win", "expert_plan", "expert_strategy",
-           "generate", "make_goal", "price_upper", "score", "solve", "type_reward", "winners"]
+__all__ = [
+    "Goal",
+    "ShopEnv",
+    "can_win",
+    "expert_plan",
+    "expert_strategy",
+    "generate",
+    "make_goal",
+    "price_upper",
+    "score",
+    "solve",
+    "type_reward",
+    "winners",
+]

@@ -29,9 +29,10 @@ import multiprocessing as mp
 import os
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rollout.envs.base import EnvError
 
@@ -72,6 +73,7 @@ def _fault(action: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- in-process pool
+
 
 class SerialEnvPool:
     """The same API as EnvPool, in this process (tests, tiny CPU runs). A "crash" rebuilds the env.
@@ -130,6 +132,7 @@ class SerialEnvPool:
 
 # ----------------------------------------------------------------------------- worker processes
 
+
 def _worker(conn, env_fns: dict, fault_injection: bool) -> None:
     """Worker main loop: build its envs, then answer (cmd, [(env_index, arg), ...]) messages.
 
@@ -173,9 +176,15 @@ def _worker(conn, env_fns: dict, fault_injection: bool) -> None:
 class EnvPool:
     """Envs spread over worker processes (env i lives on worker i % num_workers); see module doc."""
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None,
-                 timeout_s: float = 60.0, start_timeout_s: float = 300.0,
-                 fault_injection: bool = False, start_method: str = "spawn"):
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None = None,
+        timeout_s: float = 60.0,
+        start_timeout_s: float = 300.0,
+        fault_injection: bool = False,
+        start_method: str = "spawn",
+    ):
         if not env_fns:
             raise ValueError("env_fns is empty")
         if timeout_s <= 0 or start_timeout_s <= 0:
@@ -214,8 +223,9 @@ class EnvPool:
     def _launch(self, w: int) -> None:
         parent, child = self.ctx.Pipe()
         fns = {i: self.env_fns[i] for i in range(self.num_envs) if self.owner[i] == w}
-        proc = self.ctx.Process(target=_worker, args=(child, fns, self.fault_injection), daemon=True,
-                                name=f"env-worker-{w}")
+        proc = self.ctx.Process(
+            target=_worker, args=(child, fns, self.fault_injection), daemon=True, name=f"env-worker-{w}"
+        )
         proc.start()
         child.close()
         self.procs[w], self.conns[w] = proc, parent
@@ -307,8 +317,7 @@ class EnvPool:
             i, ok, payload = conn.recv()
         except (EOFError, OSError):
             self.procs[w].join(1)
-            return EnvFailure(pending[0], "crash",
-                              f"worker {w} died (exit code {self.procs[w].exitcode})")
+            return EnvFailure(pending[0], "crash", f"worker {w} died (exit code {self.procs[w].exitcode})")
         results[i] = payload if ok else EnvFailure(i, "exception", payload)
         pending.remove(i)
         return None
@@ -354,8 +363,7 @@ class EnvPool:
         deadline = {w: time.monotonic() + self.timeout_s for w in pending}
         broken: dict[int, int] = {}  # worker -> the env that crashed or hung it
         while pending:
-            ready = wait([self.conns[w] for w in pending],
-                         timeout=max(0.0, min(deadline.values()) - time.monotonic()))
+            ready = wait([self.conns[w] for w in pending], timeout=max(0.0, min(deadline.values()) - time.monotonic()))
             for w in list(pending):
                 if self.conns[w] not in ready and deadline[w] > time.monotonic():
                     continue
@@ -401,7 +409,7 @@ class EnvPool:
         if self.closed:
             return
         self.closed = True
-        for w, conn in enumerate(self.conns):
+        for conn in self.conns:
             if conn is None:
                 continue
             try:

@@ -30,20 +30,29 @@ from strata_jax.advantages.judge import judge_advantage
 from strata_jax.advantages.params import AdvantageParams, stack_params
 from strata_jax.advantages.revision import revision_advantage
 from strata_jax.advantages.strata import judge_reward, strata_step_advantage, strategy_advantage
-from strata_jax.batch import TrajectoryBatch
+from strata_jax.advantages.weighting import step_weights
+from strata_jax.batch import TokenBatch, TrajectoryBatch, gather_advantages
+from strata_jax.names import ALGOS
 
-ALGOS = ("grpo", "gigpo", "strata", "beacon", "strata+beacon")
 # Algorithms where stats_over_steps is wired (trajectory-level statistics of GRPO / GiGPO A^E).
 _STEP_WEIGHTED = ("grpo", "gigpo")
 
-__all__ = ["ALGOS", "AdvantageParams", "Advantages", "compute_advantages", "invalid_penalty", "stack_params"]
+__all__ = [
+    "ALGOS",
+    "AdvantageParams",
+    "Advantages",
+    "compute_advantages",
+    "invalid_penalty",
+    "stack_params",
+    "token_advantages",
+]
 
 
 @struct.dataclass
 class Advantages:
     step: jax.Array  # [P, N, M, H] f32
     strategy: jax.Array  # [P, N] f32
-    # Issue #15 (docs/CONTRACTS.md); compute_advantages always fills them (R = 0 / J = 0: empty).
+    # Revision and judgment (docs/CONTRACTS.md); compute_advantages always fills them (R = 0 / J = 0: empty).
     revision: jax.Array | None = None  # [P, N, M, R] f32: strategy revisions (strata modes)
     judge: jax.Array | None = None  # [P, N, M, J] f32: GRPO over a trajectory's J judgments
 
@@ -53,8 +62,9 @@ def check_algo(algo: str, params: AdvantageParams) -> None:
     if algo not in ALGOS:
         raise ValueError(f"compute_advantages: unknown algo {algo!r}; allowed: {ALGOS}")
     if params.stats_over_steps and algo not in _STEP_WEIGHTED:
-        raise ValueError(f"AdvantageParams.stats_over_steps=True is only wired for {_STEP_WEIGHTED}, "
-                         f"not for algo {algo!r}")
+        raise ValueError(
+            f"AdvantageParams.stats_over_steps=True is only wired for {_STEP_WEIGHTED}, not for algo {algo!r}"
+        )
 
 
 @functools.partial(jax.jit, static_argnames=("algo",))
@@ -67,8 +77,9 @@ def compute_advantages(batch: TrajectoryBatch, params: AdvantageParams, algo: st
     return Advantages(step=step, strategy=strategy, revision=revision, judge=judge_advantage(batch))
 
 
-def grid_advantages(batch: TrajectoryBatch, params: AdvantageParams,
-                    algo: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+def grid_advantages(
+    batch: TrajectoryBatch, params: AdvantageParams, algo: str
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Grid-last form: params fields [G] -> (step [P, N, M, H, G], strategy [P, N, G],
     revision [P, N, M, R, G])."""
     strategy = jnp.zeros(batch.strategy_mask.shape + (1,), jnp.float32)
@@ -97,6 +108,22 @@ def invalid_penalty(batch: TrajectoryBatch, params: AdvantageParams) -> jax.Arra
     return jnp.where(batch.step_mask, pen, 0.0).astype(jnp.float32)
 
 
+_gather = jax.jit(gather_advantages)
+
+
+def token_advantages(
+    traj: TrajectoryBatch, adv: Advantages, tb: TokenBatch, params: AdvantageParams, step_weighting: str = "step"
+) -> TokenBatch:
+    """The rollout's TokenBatch with each token's advantage filled in: the invalid penalty on the
+    tokens collect marked (TokenBatch.penalty_mask), the step / strategy / revision / judgment
+    advantage on the rest, step rows scaled by their weight (`train.step_weighting`,
+    advantages/weighting.py). The mask is dropped afterwards: the update reads only `advantage`."""
+    tb = jax.tree.map(jnp.asarray, tb)
+    w = step_weights(traj, step_weighting)  # [P, N, M, H]
+    tb = _gather(adv.step * w, adv.strategy, tb, invalid_penalty(traj, params) * w, adv.revision, adv.judge)
+    return tb.replace(penalty_mask=None)
+
+
 def _finalize(step: jax.Array, batch: TrajectoryBatch, params: AdvantageParams) -> jax.Array:
     """Invalid penalty on invalid steps (after normalisation; `invalid_penalty` grid-last), 0 on
     padded steps. [P, N, M, H, G]."""
@@ -106,6 +133,9 @@ def _finalize(step: jax.Array, batch: TrajectoryBatch, params: AdvantageParams) 
 
 # Without a valid step every advantage is 0 (finalize masks the steps; a strategy or a revision
 # needs a valid trajectory, and traj_mask is "has a valid step"), so a grid call may skip the kernel.
-_KERNELS = {algo: grid_last(lambda params, batch, algo=algo: grid_advantages(batch, params, algo),
-                            lambda batch: batch.step_mask.any())
-            for algo in ALGOS}
+_KERNELS = {
+    algo: grid_last(
+        lambda params, batch, algo=algo: grid_advantages(batch, params, algo), lambda batch: batch.step_mask.any()
+    )
+    for algo in ALGOS
+}

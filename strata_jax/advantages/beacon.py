@@ -67,8 +67,9 @@ def segment_advantage(batch: TrajectoryBatch, params: AdvantageParams, per_strat
     g, num_groups = _segment_groups(batch.shape, seg, per_strategy)  # [P, N, M, H]
     bins = jnp.where(dist >= 0, dist, h)  # [P, N, M, H] in [0, H]
     sm = batch.step_mask
-    cnt = jax.ops.segment_sum(sm.reshape(-1).astype(jnp.float32), (g * (h + 1) + bins).reshape(-1),
-                              num_segments=num_groups * (h + 1)).reshape(num_groups, h + 1)
+    cnt = jax.ops.segment_sum(
+        sm.reshape(-1).astype(jnp.float32), (g * (h + 1) + bins).reshape(-1), num_segments=num_groups * (h + 1)
+    ).reshape(num_groups, h + 1)
     n = cnt.sum(-1, keepdims=True)  # [NG, 1] step samples
     b0 = jnp.argmax(cnt > 0, axis=-1)  # [NG] a bin present in the group: its value is the shift
     members = _members(batch, seg, per_strategy)  # [NG] trajectories that entered
@@ -96,8 +97,11 @@ def _members(batch: TrajectoryBatch, seg: jax.Array, per_strategy: bool) -> jax.
     """[G] number of trajectories with at least one step in each (task[, z], k) group."""
     p_, n_, m_, h = batch.shape
     traj = (index_grid(batch.shape, 0) * n_ + index_grid(batch.shape, 1)) * m_ + index_grid(batch.shape, 2)
-    entered = jax.ops.segment_max(batch.step_mask.reshape(-1).astype(jnp.int32),
-                                  (traj * (h + 1) + seg).reshape(-1), num_segments=p_ * n_ * m_ * (h + 1))
+    entered = jax.ops.segment_max(
+        batch.step_mask.reshape(-1).astype(jnp.int32),
+        (traj * (h + 1) + seg).reshape(-1),
+        num_segments=p_ * n_ * m_ * (h + 1),
+    )
     entered = jnp.maximum(entered, 0).reshape(p_, n_, m_, h + 1)
     members = entered.sum(axis=2) if per_strategy else entered.sum(axis=(1, 2))  # [O, H+1]
     return members.reshape(-1).astype(jnp.float32)

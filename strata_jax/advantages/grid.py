@@ -17,7 +17,8 @@ grouping to exploit: it falls back to a plain vmap of the one-point form (same r
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,11 +53,17 @@ def grid_last(kernel: Callable[[Any, Any], Any], busy: Callable[[Any], jax.Array
             axes = [0 if b else None for b in jax.tree.leaves(in_batched)]
             out = jax.vmap(lambda *xs: one_point(*jax.tree.unflatten(treedef, xs)), in_axes=axes)(*leaves)
             return out, jax.tree.map(lambda _: True, out)
-        per_point = jax.tree.map(lambda x, b: jnp.moveaxis(x, 0, -1) if b else jnp.asarray(x)[..., None],
-                                 per_point, point_b)
+        per_point = jax.tree.map(
+            lambda x, b: jnp.moveaxis(x, 0, -1) if b else jnp.asarray(x)[..., None], per_point, point_b
+        )
         shapes = jax.eval_shape(kernel, per_point, shared)
-        out = jax.lax.cond(busy(shared), kernel, lambda *_: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes),
-                           per_point, shared)
+        out = jax.lax.cond(
+            busy(shared),
+            kernel,
+            lambda *_: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes),
+            per_point,
+            shared,
+        )
         out = jax.tree.map(lambda y: jnp.moveaxis(jnp.broadcast_to(y, y.shape[:-1] + (axis_size,)), -1, 0), out)
         return out, jax.tree.map(lambda _: True, out)
 

@@ -41,8 +41,9 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"normalisation mode must be one of {NORM_MODES}, got {mode!r}")
 
 
-def finish(c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array, mode: str,
-           mean: jax.Array) -> jax.Array:
+def finish(
+    c: jax.Array, n: jax.Array, sq_sum: jax.Array | None, keep: jax.Array, mode: str, mean: jax.Array
+) -> jax.Array:
     """Centred values c -> c / (unbiased std + EPS) in 'std' mode, c in 'mean' mode; 0 where not keep.
 
     n: (weighted) member count of each element's group; sq_sum: its sum of (weighted) c**2
@@ -76,11 +77,18 @@ def axis_normalize(
     wsum = w.sum(axes, keepdims=True)
     dmean = (w * d).sum(axes, keepdims=True) / jnp.maximum(wsum, 1.0)
     c = jnp.where(valid, d - dmean, 0.0)
-    return finish(c, wsum, (w * c * c).sum(axes, keepdims=True), valid & (members >= 2), mode,
-                  mean=jnp.where(members > 0, shift, 0.0) + dmean)
+    return finish(
+        c,
+        wsum,
+        (w * c * c).sum(axes, keepdims=True),
+        valid & (members >= 2),
+        mode,
+        mean=jnp.where(members > 0, shift, 0.0) + dmean,
+    )
 
 
 # ----------------------------------------------------------------------------- key tuples -> ids
+
 
 def _rank(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[T] int32 -> (dense rank of each value in [0, U), U): one single-array sort + binary search.
@@ -100,8 +108,7 @@ def _radix(k: jax.Array, t: int) -> tuple[jax.Array, jax.Array]:
     return jax.lax.cond(inside, lambda k: (k, jnp.int32(t)), _rank, k)
 
 
-def dense_ids(keys: tuple[jax.Array, ...], valid: jax.Array,
-              bounds: tuple[int | None, ...] | None = None) -> jax.Array:
+def dense_ids(keys: tuple[jax.Array, ...], valid: jax.Array, bounds: tuple[int | None, ...] | None = None) -> jax.Array:
     """int32 ids [same shape] in [0, size), equal iff the key tuples are (valid elements only).
 
     keys: same-shape int arrays; bounds: per key, a static bound (values in [0, bound), e.g. the
@@ -167,6 +174,7 @@ def _dense_ids_lexsort(flat: list[jax.Array]) -> jax.Array:
 
 # ----------------------------------------------------------------------------- keyed groups
 
+
 @struct.dataclass
 class Groups:
     """A partition of the T (flat) elements into groups of equal key tuples, built from ids only.
@@ -185,8 +193,7 @@ class Groups:
         return self.ids.shape[0]
 
 
-def group_by(keys: tuple[jax.Array, ...], valid: jax.Array,
-             bounds: tuple[int | None, ...] | None = None) -> Groups:
+def group_by(keys: tuple[jax.Array, ...], valid: jax.Array, bounds: tuple[int | None, ...] | None = None) -> Groups:
     """Groups of equal key tuples among valid elements (invalid ones apart). See `dense_ids`."""
     v = valid.reshape(-1)
     t = v.shape[0]

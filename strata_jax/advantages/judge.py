@@ -1,4 +1,4 @@
-"""Checked, trainable self-judgment (issue #15, beyond StraTA).
+"""Checked, trainable self-judgment (beyond StraTA).
 
 The environment proves some steps good (a milestone) or bad (an invalid step, or a repeat that
 changed nothing): `TrajectoryBatch.step_label` in {+1, -1, 0 = unknown}, filled by the rollout.
@@ -61,6 +61,10 @@ def judge_quality(batch: TrajectoryBatch) -> dict[str, jax.Array]:
     flagged = (judged & labelled).sum()
     n_bad = bad.sum()
     ratio = lambda a, b: jnp.where(b > 0, a / jnp.maximum(b, 1), 0.0).astype(jnp.float32)  # noqa: E731
-    return {"judge_precision": ratio(hit, flagged), "judge_recall": ratio(hit, n_bad),
-            "judge_flagged_labelled": flagged.astype(jnp.int32), "label_bad_steps": n_bad.astype(jnp.int32),
-            "label_good_steps": (sm & (batch.step_label > 0)).sum().astype(jnp.int32)}
+    return {
+        "judge_precision": ratio(hit, flagged),
+        "judge_recall": ratio(hit, n_bad),
+        "judge_flagged_labelled": flagged.astype(jnp.int32),
+        "label_bad_steps": n_bad.astype(jnp.int32),
+        "label_good_steps": (sm & (batch.step_label > 0)).sum().astype(jnp.int32),
+    }

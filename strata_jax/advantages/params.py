@@ -15,8 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-GIGPO_NORMS = ("std", "mean")
-SEG_NORMS = ("mean", "std")
+from strata_jax.names import GIGPO_NORMS, SEG_NORMS
 
 # Checks applied when a traced field holds a concrete number (not inside jit / vmap).
 _RANGES = {
@@ -66,8 +65,7 @@ class AdvantageParams:
 
 
 def _traced_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in AdvantageParams.__dataclass_fields__.values()
-                 if f.metadata.get("pytree_node", True))
+    return tuple(f.name for f in AdvantageParams.__dataclass_fields__.values() if f.metadata.get("pytree_node", True))
 
 
 def _check_static(p: AdvantageParams) -> None:

@@ -1,4 +1,4 @@
-"""Strategy revision (issue #15, beyond StraTA): the reward and advantage of a revised strategy.
+"""Strategy revision (beyond StraTA): the reward and advantage of a revised strategy.
 
 Every K steps a running trajectory may rewrite its strategy; the exact objective is in
 docs/CONTRACTS.md ("Strategy revision and trained self-judgment"). In short: a revision is a
@@ -28,8 +28,11 @@ def revision_reward(batch: TrajectoryBatch, params: AdvantageParams) -> tuple[ja
     ret = batch.episode_return[..., None, None]  # [P, N, M, 1, 1]
     budget = params.strategy_budget
     over = jnp.maximum(0.0, batch.revision_len[..., None].astype(jnp.float32) - budget) / budget
-    r = (ret / params.r_succ - params.c_len * over
-         - params.c_fmt * batch.revision_malformed[..., None].astype(jnp.float32))
+    r = (
+        ret / params.r_succ
+        - params.c_len * over
+        - params.c_fmt * batch.revision_malformed[..., None].astype(jnp.float32)
+    )
     return jnp.where(valid, jnp.clip(r, -1.0, 1.0), 0.0), valid
 
 

@@ -39,8 +39,11 @@ def strategy_reward(batch: TrajectoryBatch, params: AdvantageParams) -> tuple[ja
     top_mean = top_sum / jnp.maximum(k, 1.0)
     budget = params.strategy_budget
     over = jnp.maximum(0.0, batch.strategy_len[..., None].astype(jnp.float32) - budget) / budget
-    r = (top_mean / params.r_succ - params.c_len * over
-         - params.c_fmt * batch.strategy_malformed[..., None].astype(jnp.float32))
+    r = (
+        top_mean / params.r_succ
+        - params.c_len * over
+        - params.c_fmt * batch.strategy_malformed[..., None].astype(jnp.float32)
+    )
     return jnp.clip(r, -1.0, 1.0), (batch.strategy_mask & (m_valid > 0))[..., None]
 
 

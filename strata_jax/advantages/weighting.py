@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.batch import TrajectoryBatch
-
-STEP_WEIGHTINGS = ("step", "trajectory")
+from strata_jax.names import STEP_WEIGHTINGS
 
 
 def step_weights(batch: TrajectoryBatch, mode: str) -> jax.Array:

@@ -10,14 +10,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from strata_jax.names import ATTENTION_IMPLS, LORA_TARGETS  # noqa: F401 (this module's names too)
+
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
-# The projections a LoRA adapter may sit on, by short name -> the HF / PEFT module name.
-LORA_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
-                "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -89,9 +85,18 @@ class ModelConfig:
         return jnp.dtype(self.param_dtype)
 
     @classmethod
-    def from_hf(cls, config: dict, dtype: str = "float32", param_dtype: str = "float32",
-                scan_layers: bool = False, remat: bool = False, attention: str = "einsum", lora_rank: int = 0,
-                lora_alpha: float = 16.0, lora_targets=tuple(LORA_TARGETS)) -> "ModelConfig":
+    def from_hf(
+        cls,
+        config: dict,
+        dtype: str = "float32",
+        param_dtype: str = "float32",
+        scan_layers: bool = False,
+        remat: bool = False,
+        attention: str = "einsum",
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_targets=tuple(LORA_TARGETS),
+    ) -> ModelConfig:
         """Build from a transformers config.json dict (transformers 4 or 5 layout)."""
         if not isinstance(config, dict):
             raise ConfigError(f"ModelConfig.from_hf: expected a config.json dict, got {type(config).__name__}")
@@ -99,11 +104,11 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedArchitectureError(
                 f"model_type {arch!r} (architectures={config.get('architectures')}) is not supported; "
-                f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+                f"supported: {list(SUPPORTED_ARCHITECTURES)}"
+            )
         if arch == "qwen2" and config.get("use_sliding_window", False):
             raise UnsupportedArchitectureError("qwen2 with use_sliding_window=True is not supported")
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads"):
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if key not in config:
                 raise ConfigError(f"config.json: missing required field {key!r}")
         act = config.get("hidden_act", "silu")
@@ -209,9 +214,12 @@ def _rope_from_hf(config: dict) -> tuple[float, str, tuple]:
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitectureError(
-            f"rope_type {rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}")
-    need = {"linear": ("factor",),
-            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+            f"rope_type {rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
+        )
+    need = {
+        "linear": ("factor",),
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    }
     for key in need.get(rope_type, ()):
         if key not in params:
             raise ConfigError(f"rope_type {rope_type!r} needs rope parameter {key!r}")

@@ -26,7 +26,16 @@ import numpy as np
 
 from strata_jax.models.config import UnsupportedArchitectureError
 
-__all__ = ["GGUFError", "gguf_config", "gguf_to_hf", "gguf_tokenizer", "read_gguf", "permute_qk", "unpermute_qk", "PRE_TOKENIZERS"]
+__all__ = [
+    "GGUFError",
+    "gguf_config",
+    "gguf_to_hf",
+    "gguf_tokenizer",
+    "read_gguf",
+    "permute_qk",
+    "unpermute_qk",
+    "PRE_TOKENIZERS",
+]
 
 ARCHITECTURES = ("llama", "qwen2")
 
@@ -38,24 +47,36 @@ class GGUFError(ValueError):
 
 # Pre-tokenizer regexes by `tokenizer.ggml.pre`, as llama.cpp's llama-vocab.cpp splits text.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # name -> (split every digit first, the regex the byte-level split uses; None = GPT-2's own)
 PRE_TOKENIZERS = {
-    "default": (False, None), "gpt2": (False, None), "gpt-2": (False, None),
+    "default": (False, None),
+    "gpt2": (False, None),
+    "gpt-2": (False, None),
     "smollm": (True, None),  # HF SmolLM: Digits(individual) then GPT-2's byte-level regex
     "qwen2": (False, _QWEN2),
-    "llama3": (False, _LLAMA3), "llama-bpe": (False, _LLAMA3),
+    "llama3": (False, _LLAMA3),
+    "llama-bpe": (False, _LLAMA3),
 }
 
 # llama.cpp tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -95,8 +116,10 @@ def _reader(path: pathlib.Path):
                 except Exception:  # noqa: BLE001 (an unknown layout: leave the check to the reader)
                     continue
                 if end > size:
-                    raise GGUFError(f"{path}: tensor {name!r} ends at byte {end}, but the file has {size} bytes "
-                                    "(the file is truncated or corrupt)")
+                    raise GGUFError(
+                        f"{path}: tensor {name!r} ends at byte {end}, but the file has {size} bytes "
+                        "(the file is truncated or corrupt)"
+                    )
             return super()._build_tensors(start_offs, fields)
 
     try:
@@ -118,6 +141,7 @@ def _field(reader, key: str, path, default=None, required: bool = False):
 
 def _hf_config(reader, path, arch: str, tensor_names: set[str]) -> dict:
     """config.json of the model, from the `<arch>.*` metadata."""
+
     def get(key, default=None, required=False):
         return _field(reader, f"{arch}.{key}", path, default, required)
 
@@ -127,12 +151,15 @@ def _hf_config(reader, path, arch: str, tensor_names: set[str]) -> dict:
     rot = get("rope.dimension_count")
     if rot is not None and int(rot) != head_dim:
         raise UnsupportedArchitectureError(
-            f"{path}: partial rotary embeddings ({arch}.rope.dimension_count={rot}, head dim {head_dim}) are not supported")
+            f"{path}: partial rotary embeddings ({arch}.rope.dimension_count={rot}, head dim {head_dim}) "
+            "are not supported"
+        )
     scaling = get("rope.scaling.type")
     if scaling not in (None, "none") or "rope_freqs.weight" in tensor_names:
         raise UnsupportedArchitectureError(
             f"{path}: rope scaling ({scaling or 'rope_freqs tensor'}) in a GGUF file is not supported; "
-            "convert the Hugging Face checkpoint instead")
+            "convert the Hugging Face checkpoint instead"
+        )
     vocab = _field(reader, "tokenizer.ggml.tokens", path, required=True)
     cfg = {
         "model_type": arch,
@@ -179,8 +206,10 @@ def _dequantized(t, path) -> np.ndarray:
 
     data = t.data
     if int(data.nbytes) != int(t.n_bytes):
-        raise GGUFError(f"{path}: tensor {t.name!r} holds {data.nbytes} of its {int(t.n_bytes)} bytes "
-                        "(the file is truncated or corrupt)")
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} holds {data.nbytes} of its {int(t.n_bytes)} bytes "
+            "(the file is truncated or corrupt)"
+        )
     shape = tuple(int(x) for x in reversed(list(t.shape)))
     qtype = GGMLQuantizationType(int(t.tensor_type))
     try:
@@ -189,21 +218,24 @@ def _dequantized(t, path) -> np.ndarray:
         else:
             out = quants.dequantize(np.asarray(data), qtype)
     except NotImplementedError as e:
-        raise GGUFError(f"{path}: tensor {t.name!r} has type {qtype.name}, which the gguf package cannot "
-                        "dequantize") from e
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} has type {qtype.name}, which the gguf package cannot dequantize"
+        ) from e
     except Exception as e:  # noqa: BLE001
-        raise GGUFError(f"{path}: tensor {t.name!r} ({qtype.name}) could not be dequantized: "
-                        f"{type(e).__name__}: {e}") from e
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} ({qtype.name}) could not be dequantized: {type(e).__name__}: {e}"
+        ) from e
     out = np.asarray(out, np.float32)
     if out.size != int(np.prod(shape)):
-        raise GGUFError(f"{path}: tensor {t.name!r} dequantizes to {out.size} values, its shape {shape} needs "
-                        f"{int(np.prod(shape))}")
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} dequantizes to {out.size} values, its shape {shape} needs {int(np.prod(shape))}"
+        )
     if not np.isfinite(out).all():
         raise GGUFError(f"{path}: tensor {t.name!r} holds non-finite values (the file is corrupt)")
     return out.reshape(shape)
 
 
-def read_gguf(path) -> tuple[dict, dict[str, np.ndarray], "object"]:
+def read_gguf(path) -> tuple[dict, dict[str, np.ndarray], object]:
     """(HF config dict, HF-named float32 tensors in HF layout, transformers fast tokenizer) of a
     GGUF file.
 
@@ -237,7 +269,8 @@ def _config_of(reader, path) -> dict:
     arch = _field(reader, "general.architecture", path, required=True)
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
-            f"{path}: GGUF architecture {arch!r} is not supported; supported: {list(ARCHITECTURES)}")
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {list(ARCHITECTURES)}"
+        )
     return _hf_config(reader, path, arch, {t.name for t in reader.tensors})
 
 
@@ -250,41 +283,47 @@ def gguf_tokenizer(path):
 
 def build_tokenizer(reader, path):
     """A `tokenizers.Tokenizer` from the file's BPE metadata (tokenizer.ggml.model = "gpt2")."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = _field(reader, "tokenizer.ggml.model", path, required=True)
     if kind != "gpt2":
         raise UnsupportedArchitectureError(
             f"{path}: tokenizer.ggml.model {kind!r} is not supported; only byte-level BPE ('gpt2': "
-            "SmolLM, Llama 3, Qwen2) is")
+            "SmolLM, Llama 3, Qwen2) is"
+        )
     pre = _field(reader, "tokenizer.ggml.pre", path, "default")
     if pre not in PRE_TOKENIZERS:
         raise UnsupportedArchitectureError(
-            f"{path}: pre-tokenizer tokenizer.ggml.pre={pre!r} is not supported; supported: {sorted(PRE_TOKENIZERS)}")
+            f"{path}: pre-tokenizer tokenizer.ggml.pre={pre!r} is not supported; supported: {sorted(PRE_TOKENIZERS)}"
+        )
     tokens = list(_field(reader, "tokenizer.ggml.tokens", path, required=True))
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", path, required=True)]
     types = list(_field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens)))
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
-                               byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+    )
     digits, regex = PRE_TOKENIZERS[pre]
     if regex is None:
         split = [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)]
     else:
-        split = [pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-                 pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)]
+        split = [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
     if digits:
         split.insert(0, pre_tokenizers.Digits(individual_digits=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence(split)
     tok.decoder = decoders.ByteLevel()
     # token types: 3 = control (chat markers, eos), 4 = user-defined; both match before the BPE
-    added = [AddedToken(tokens[i], special=types[i] == 3, normalized=False)
-             for i in range(len(tokens)) if types[i] in (3, 4)]
+    added = [
+        AddedToken(tokens[i], special=types[i] == 3, normalized=False) for i in range(len(tokens)) if types[i] in (3, 4)
+    ]
     tok.add_tokens(added)
     bos = _field(reader, "tokenizer.ggml.bos_token_id", path)
     if _field(reader, "tokenizer.ggml.add_bos_token", path, False) and bos is not None:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)]
+        )
     return tok
 
 
@@ -297,9 +336,16 @@ def _hf_tokenizer(reader_tok, reader, path):
         i = _field(reader, f"tokenizer.ggml.{key}", path)
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
-    kw = {k: v for k, v in {"bos_token": tok_of("bos_token_id"), "eos_token": tok_of("eos_token_id"),
-                            "unk_token": tok_of("unknown_token_id"), "pad_token": tok_of("padding_token_id")}.items()
-          if v is not None}
+    kw = {
+        k: v
+        for k, v in {
+            "bos_token": tok_of("bos_token_id"),
+            "eos_token": tok_of("eos_token_id"),
+            "unk_token": tok_of("unknown_token_id"),
+            "pad_token": tok_of("padding_token_id"),
+        }.items()
+        if v is not None
+    }
     template = _field(reader, "tokenizer.chat_template", path)
     if template:
         kw["chat_template"] = template

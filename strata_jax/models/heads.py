@@ -42,8 +42,9 @@ def token_logprobs(
     kernel_c = kernel.astype(hidden.dtype)
     # Target logit straight from its column: no gather over a [B, T, V] tensor. The same products
     # and f32 accumulation as the chunks' logits, so logp = tgt - lse mixes no precisions.
-    tgt_logit = jnp.einsum("btd,btd->bt", hidden, jnp.take(kernel_c.T, targets, axis=0),
-                           preferred_element_type=jnp.float32)
+    tgt_logit = jnp.einsum(
+        "btd,btd->bt", hidden, jnp.take(kernel_c.T, targets, axis=0), preferred_element_type=jnp.float32
+    )
     lse, mean = _lse_mean(hidden, kernel, chunk, bool(return_entropy))  # [B, T] each
     logp = tgt_logit - lse
     ent = (lse - mean) if return_entropy else None  # H = lse - E_p[logit]
@@ -118,8 +119,9 @@ def _lse_mean_bwd(chunk, with_mean, res, g):
             coef = coef + g_mean[..., None] * (1.0 + logits - mean[..., None])
         dl = (p * coef).astype(h.dtype)  # [..., chunk]
         dh = dh + jax.lax.dot_general(dl, xs[0], (((lead,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        dw = jax.lax.dot_general(h, dl, ((tuple(range(lead)), tuple(range(lead))), ((), ())),
-                                 preferred_element_type=jnp.float32)  # [D, chunk]
+        dw = jax.lax.dot_general(
+            h, dl, ((tuple(range(lead)), tuple(range(lead))), ((), ())), preferred_element_type=jnp.float32
+        )  # [D, chunk]
         return dh, dw
 
     dh, dw = jax.lax.scan(body, jnp.zeros(h.shape, jnp.float32), (w, jnp.arange(w.shape[0]) * chunk))

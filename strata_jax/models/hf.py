@@ -25,7 +25,8 @@ import json
 import math
 import pathlib
 import struct as _struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -36,9 +37,16 @@ from strata_jax.models.config import ModelConfig, UnsupportedArchitectureError
 from strata_jax.models.qwen2 import Decoder
 
 __all__ = [
-    "CheckpointMismatchError", "NotAModelDirectoryError", "UnsupportedArchitectureError",
-    "load_hf_model", "load_hf_config", "load_tokenizer", "export_hf", "hf_param_names",
-    "read_safetensors", "write_safetensors",
+    "CheckpointMismatchError",
+    "NotAModelDirectoryError",
+    "UnsupportedArchitectureError",
+    "load_hf_model",
+    "load_hf_config",
+    "load_tokenizer",
+    "export_hf",
+    "hf_param_names",
+    "read_safetensors",
+    "write_safetensors",
 ]
 
 
@@ -54,9 +62,16 @@ class NotAModelDirectoryError(FileNotFoundError):
 # safetensors (numpy, memory-mapped)
 
 _ST_DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
 }
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
@@ -69,8 +84,9 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
             (n,) = _struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
     except (_struct.error, ValueError, MemoryError, OverflowError) as e:
-        raise CheckpointMismatchError(f"{path}: not a safetensors file, its header is unreadable "
-                                      f"({type(e).__name__}: {e})") from None
+        raise CheckpointMismatchError(
+            f"{path}: not a safetensors file, its header is unreadable ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(header, dict):
         raise CheckpointMismatchError(f"{path}: not a safetensors file, its header is not a JSON object")
     header.pop("__metadata__", None)
@@ -87,8 +103,9 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
         if end - start != want or end > have:
             raise CheckpointMismatchError(
                 f"{path}: tensor {name!r} needs data bytes [{start}, {end}) of {want} but the file holds {have} "
-                "(the file is truncated or corrupt)")
-        buf = raw[8 + n + start: 8 + n + end]
+                "(the file is truncated or corrupt)"
+            )
+        buf = raw[8 + n + start : 8 + n + end]
         out[name] = buf.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
     return out
 
@@ -100,8 +117,11 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict | Non
         a = np.ascontiguousarray(tensors[name])
         if a.dtype not in _ST_NAMES:
             raise ValueError(f"write_safetensors: tensor {name!r} has unsupported dtype {a.dtype}")
-        header[name] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
+        header[name] = {
+            "dtype": _ST_NAMES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
         offset += a.nbytes
         arrays.append(a)
     header["__metadata__"] = {"format": "pt", **(metadata or {})}
@@ -128,8 +148,10 @@ def _dense_spec(hf: str, n_in: int, bias: bool):
 
 def _layer_spec(cfg: ModelConfig) -> list[tuple[tuple, str, tuple]]:
     """(path inside a Block, HF name suffix, conversion) for every tensor of one layer."""
-    spec = [(("input_layernorm", "scale"), "input_layernorm.weight", ("reshape",)),
-            (("post_attention_layernorm", "scale"), "post_attention_layernorm.weight", ("reshape",))]
+    spec = [
+        (("input_layernorm", "scale"), "input_layernorm.weight", ("reshape",)),
+        (("post_attention_layernorm", "scale"), "post_attention_layernorm.weight", ("reshape",)),
+    ]
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         bias = cfg.o_bias if name == "o_proj" else cfg.qkv_bias
         n_in = 2 if name == "o_proj" else 1
@@ -143,8 +165,10 @@ def _layer_spec(cfg: ModelConfig) -> list[tuple[tuple, str, tuple]]:
 
 def hf_param_names(cfg: ModelConfig) -> list[tuple[tuple, list[str], tuple]]:
     """(our state path, HF tensor names (one, or one per layer when stacked), conversion)."""
-    out = [(("embed_tokens", "embedding"), ["model.embed_tokens.weight"], ("reshape",)),
-           (("norm", "scale"), ["model.norm.weight"], ("reshape",))]
+    out = [
+        (("embed_tokens", "embedding"), ["model.embed_tokens.weight"], ("reshape",)),
+        (("norm", "scale"), ["model.norm.weight"], ("reshape",)),
+    ]
     if not cfg.tie_word_embeddings:
         out.append((("lm_head",), ["lm_head.weight"], ("transpose",)))
     for path, hf, conv in _layer_spec(cfg):
@@ -219,7 +243,8 @@ def _open_checkpoint(path: pathlib.Path) -> dict[str, np.ndarray]:
         files = [single.name]
     else:
         raise NotAModelDirectoryError(
-            f"{path}: no model.safetensors or model.safetensors.index.json (only safetensors are read)")
+            f"{path}: no model.safetensors or model.safetensors.index.json (only safetensors are read)"
+        )
     tensors = {}
     for fname in files:
         if not (path / fname).exists():
@@ -249,10 +274,22 @@ def _leaf(x):
     return x.get_value() if isinstance(x, nnx.Variable) else x
 
 
-def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", mesh=None, rules=None,
-                  scan_layers: bool = False, remat: bool = False, attention: str = "einsum",
-                  shardings: Any | Callable | None = None, split: bool = False, lora_rank: int = 0,
-                  lora_alpha: float = 16.0, lora_targets=None, lora_seed: int = 0):
+def load_hf_model(
+    path,
+    dtype: str = "float32",
+    param_dtype: str = "float32",
+    mesh=None,
+    rules=None,
+    scan_layers: bool = False,
+    remat: bool = False,
+    attention: str = "einsum",
+    shardings: Any | Callable | None = None,
+    split: bool = False,
+    lora_rank: int = 0,
+    lora_alpha: float = 16.0,
+    lora_targets=None,
+    lora_seed: int = 0,
+):
     """Read config.json + safetensors into a Decoder, placed in its target sharding.
 
     shardings: a pytree of `jax.sharding.Sharding` matching nnx.state(model, nnx.Param), or a
@@ -266,9 +303,17 @@ def load_hf_model(path, dtype: str = "float32", param_dtype: str = "float32", me
     from strata_jax.models.config import LORA_TARGETS
 
     path = pathlib.Path(path)
-    cfg = ModelConfig.from_hf(load_hf_config(path), dtype=dtype, param_dtype=param_dtype,
-                              scan_layers=scan_layers, remat=remat, attention=attention, lora_rank=lora_rank,
-                              lora_alpha=lora_alpha, lora_targets=tuple(lora_targets or LORA_TARGETS))
+    cfg = ModelConfig.from_hf(
+        load_hf_config(path),
+        dtype=dtype,
+        param_dtype=param_dtype,
+        scan_layers=scan_layers,
+        remat=remat,
+        attention=attention,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_targets=tuple(lora_targets or LORA_TARGETS),
+    )
     tensors = _open_checkpoint(path)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract, nnx.Param)
@@ -321,7 +366,8 @@ def _check_and_convert(name, hf, conv, shape):
     want = _hf_shape(name, conv, shape)
     if tuple(hf.shape) != want:
         raise CheckpointMismatchError(
-            f"tensor {name!r}: checkpoint shape {tuple(hf.shape)} but the config needs {want}")
+            f"tensor {name!r}: checkpoint shape {tuple(hf.shape)} but the config needs {want}"
+        )
     return _to_ours(hf, conv, shape)
 
 
@@ -334,7 +380,8 @@ def _check_extra(tensors, used, cfg):
         extra = [n for n in extra if n != "lm_head.weight"]  # some exporters keep the tied copy
     if extra:
         raise CheckpointMismatchError(
-            f"checkpoint has {len(extra)} tensor(s) the model does not use: {sorted(extra)[:10]}")
+            f"checkpoint has {len(extra)} tensor(s) the model does not use: {sorted(extra)[:10]}"
+        )
 
 
 def load_tokenizer(path):

@@ -45,13 +45,15 @@ def _linear_bwd(n_in, out_dtype, res, dy):
     lead = x.ndim - n_in  # the batch-like axes of x and dy
     # dx [..., *in]: contract dy's out axes with w's out axes (dy stays the left operand, its
     # contracting axes last: no transpose).
-    dx = jax.lax.dot_general(dy, w, ((tuple(range(lead, dy.ndim)), tuple(range(n_in, w.ndim))), ((), ())),
-                             preferred_element_type=out_dtype)
+    dx = jax.lax.dot_general(
+        dy, w, ((tuple(range(lead, dy.ndim)), tuple(range(n_in, w.ndim))), ((), ())), preferred_element_type=out_dtype
+    )
     # dw [*in, *out]: x on the left (see the module docstring). (dy on the left when it is the
     # narrower, for a down projection, measured slower: XLA then folds the transposes into a dot
     # form its fast matmul path does not take.)
-    dw = jax.lax.dot_general(x, dy, ((tuple(range(lead)), tuple(range(lead))), ((), ())),
-                             preferred_element_type=out_dtype)
+    dw = jax.lax.dot_general(
+        x, dy, ((tuple(range(lead)), tuple(range(lead))), ((), ())), preferred_element_type=out_dtype
+    )
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 

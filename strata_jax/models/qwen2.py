@@ -116,22 +116,40 @@ def _param(value: jax.Array, axes: tuple) -> nnx.Param:
 class Dense(nnx.Module):
     """x[..., *in_shape] @ kernel[*in_shape, *out_shape] (+ bias[*out_shape])."""
 
-    def __init__(self, in_shape: tuple, out_shape: tuple, in_axes: tuple, out_axes: tuple,
-                 use_bias: bool, cfg: ModelConfig, rngs: nnx.Rngs, target: str | None = None):
+    def __init__(
+        self,
+        in_shape: tuple,
+        out_shape: tuple,
+        in_axes: tuple,
+        out_axes: tuple,
+        use_bias: bool,
+        cfg: ModelConfig,
+        rngs: nnx.Rngs,
+        target: str | None = None,
+    ):
         init = nnx.initializers.normal(cfg.initializer_range)
         self.n_in = len(in_shape)
         self.dtype = cfg.compute_dtype
-        self.kernel = _param(init(rngs.params(), (*in_shape, *out_shape), cfg.params_dtype),
-                             (*in_axes, *out_axes))
+        self.kernel = _param(init(rngs.params(), (*in_shape, *out_shape), cfg.params_dtype), (*in_axes, *out_axes))
         self.bias = _param(jnp.zeros(out_shape, cfg.params_dtype), out_axes) if use_bias else None
         self.lora_scale = cfg.lora_scale
         # flax's LoRA module holds the adapter (A [in, r] random, B [r, out] zero) as nnx.LoRAParam,
         # which strata_jax/lora.py filters on; its axes stay unnamed (an adapter is small:
         # replicated on any mesh). Assigned once: an attribute is data or static from then on.
         meta = {"out_sharding": (None, None), "eager_sharding": False}
-        self.lora = (nnx.LoRA(math.prod(in_shape), cfg.lora_rank, math.prod(out_shape), rngs=rngs,
-                              param_dtype=cfg.params_dtype, a_metadata=meta, b_metadata=meta)
-                     if cfg.lora_rank and target in cfg.lora_targets else None)
+        self.lora = (
+            nnx.LoRA(
+                math.prod(in_shape),
+                cfg.lora_rank,
+                math.prod(out_shape),
+                rngs=rngs,
+                param_dtype=cfg.params_dtype,
+                a_metadata=meta,
+                b_metadata=meta,
+            )
+            if cfg.lora_rank and target in cfg.lora_targets
+            else None
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = _dense(x, self.kernel, self.bias, self.dtype, self.n_in)
@@ -231,8 +249,12 @@ class Attention(nnx.Module):
             # [B, T, H, Dh] queries and [B, S, K, Dh] keys / values (GQA by head groups, h =
             # kv_head * G + g as below) and a [B, 1, T, S] keep-mask.
             out = jax.nn.dot_product_attention(
-                q.astype(dtype), k.transpose(0, 2, 1, 3).astype(dtype), v.transpose(0, 2, 1, 3).astype(dtype),
-                mask=mask[:, None], implementation=cfg.attention)
+                q.astype(dtype),
+                k.transpose(0, 2, 1, 3).astype(dtype),
+                v.transpose(0, 2, 1, 3).astype(dtype),
+                mask=mask[:, None],
+                implementation=cfg.attention,
+            )
             return self.o_proj(out), ks, vs
         b, t, _, dh = q.shape
         g = cfg.num_heads // cfg.num_kv_heads
@@ -338,7 +360,10 @@ class KVCache:
 
     def stacked(self) -> tuple[jax.Array, jax.Array]:
         """(k, v) as [L, B, K, S, Dh] arrays (stacks per-layer buffers: a copy, for inspection)."""
-        stack = lambda x: jnp.stack(x) if isinstance(x, (tuple, list)) else x
+
+        def stack(x):
+            return jnp.stack(x) if isinstance(x, (tuple, list)) else x
+
         return stack(self.k), stack(self.v)
 
     def take_rows(self, rows: jax.Array, extra: int) -> KVCache:
@@ -367,8 +392,9 @@ class Embed(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         init = nnx.initializers.normal(cfg.initializer_range)
         self.dtype = cfg.compute_dtype
-        self.embedding = _param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), cfg.params_dtype),
-                                ("vocab", "embed"))
+        self.embedding = _param(
+            init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), cfg.params_dtype), ("vocab", "embed")
+        )
 
     def __call__(self, tokens):  # [B, T] -> [B, T, D]
         table = _replicate_dim(self.embedding[...], 1)  # [V, D]: D whole under a mesh (FSDP gather)
@@ -399,26 +425,29 @@ class Decoder(nnx.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg)
         if not cfg.tie_word_embeddings:
             init = nnx.initializers.normal(cfg.initializer_range)
-            self.lm_head = _param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), cfg.params_dtype),
-                                  ("embed", "vocab"))
+            self.lm_head = _param(
+                init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), cfg.params_dtype), ("embed", "vocab")
+            )
         else:
             self.lm_head = None
 
     # -- public API ----------------------------------------------------------------------------
 
-    def __call__(self, tokens, positions, attention_mask, cache: KVCache | None = None,
-                 cache_index=None, last_only: bool = False, segment_ids=None,
-                 tree_end=None) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        tokens,
+        positions,
+        attention_mask,
+        cache: KVCache | None = None,
+        cache_index=None,
+        last_only: bool = False,
+        tree_end=None,
+    ) -> tuple[jax.Array, KVCache | None]:
         """tokens, positions [B, T] int; attention_mask [B, T] (no cache) or [B, S] (cache).
 
         cache_index: a traced int32 scalar, or a Python int (static; 0 lets a prefill attend over
         its T fresh tokens only, see Attention). last_only: the last layer computes the last
         position only (a prefill that needs just the next-token logits), hidden is [B, 1, D].
-
-        segment_ids: optional int [B, S] laid out like attention_mask, for several sequences
-        packed into one row (strata_jax/packing.py): a query of segment g > 0 sees only keys of
-        segment g or 0 (0: a prefix every segment continues). The queries' own ids are the
-        columns [cache_index, cache_index + T), so with a cache cache_index must be a Python int.
 
         tree_end: optional int [B, T] (no cache), for a prefix tree packed into one row in preorder
         (strata_jax/tree.py): key j's subtree is columns [j, tree_end[j]), so query i sees key j iff
@@ -430,8 +459,7 @@ class Decoder(nnx.Module):
         _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index)
         x = _constrain_batch(self.embed_tokens(tokens))  # [B, T, D]
         cos, sin = _rope_buffers(positions, rope_inv_freq(cfg))  # [B, T, Dh]
-        mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None,
-                               segment_ids)
+        mask = _attention_mask(attention_mask, tokens.shape[1], cache_index if cache is not None else None)
         if tree_end is not None:
             if tree_end.shape != tokens.shape:
                 raise ValueError(f"tree_end: expected shape {tokens.shape} like tokens, got {tree_end.shape}")
@@ -449,8 +477,7 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[B, T, D] -> [B, T, V] f32. Materialises all logits: small models and tests only."""
-        return jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32),
-                          self.unembed_kernel().astype(jnp.float32))
+        return jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32), self.unembed_kernel().astype(jnp.float32))
 
     def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
         """Zeroed cache for `batch` rows and `capacity` slots, in `dtype` (default: compute dtype):
@@ -461,8 +488,10 @@ class Decoder(nnx.Module):
         if cfg.scan_layers:
             shape = (cfg.num_layers, *shape)
             return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt))
-        return KVCache(k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
-                       v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)))
+        return KVCache(
+            k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+            v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+        )
 
     # -- layers --------------------------------------------------------------------------------
 
@@ -539,8 +568,10 @@ def prepare_decode(model: Decoder, fuse: bool = True) -> Decoder:
     """
     cfg = model.cfg
     if cfg.lora_rank:  # the fused kernels would drop the adapters: decode their merge instead
-        raise ValueError("prepare_decode: the model has LoRA adapters; decode the merged model "
-                         "(strata_jax.lora.merged_params with the model built without adapters)")
+        raise ValueError(
+            "prepare_decode: the model has LoRA adapters; decode the merged model "
+            "(strata_jax.lora.merged_params with the model built without adapters)"
+        )
     dtype = cfg.compute_dtype
     for _, var in nnx.iter_graph(model):
         if isinstance(var, nnx.Param):
@@ -642,38 +673,29 @@ def _check_inputs(cfg, tokens, positions, attention_mask, cache, cache_index):
         n_layers, cache_b, _, s, _ = cache_shape(cache.k)
         if isinstance(cache.k, (tuple, list)) == cfg.scan_layers or n_layers != cfg.num_layers:
             want = "one stacked [L, B, K, S, Dh] array" if cfg.scan_layers else "a tuple of L [B, K, S, Dh] arrays"
-            raise ValueError(f"cache: expected {want} with L={cfg.num_layers} per K and V (Decoder.init_cache), "
-                             f"got a {type(cache.k).__name__} with L={n_layers}")
+            raise ValueError(
+                f"cache: expected {want} with L={cfg.num_layers} per K and V (Decoder.init_cache), "
+                f"got a {type(cache.k).__name__} with L={n_layers}"
+            )
         if attention_mask.shape != (b, s):
-            raise ValueError(f"attention_mask: expected [B, S]={(b, s)} with a cache of capacity {s}, "
-                             f"got {attention_mask.shape}")
+            raise ValueError(
+                f"attention_mask: expected [B, S]={(b, s)} with a cache of capacity {s}, got {attention_mask.shape}"
+            )
         if cache_index is None:
             raise ValueError("a cache needs cache_index (the slot of the first new token)")
         if cache_b != b:
             raise ValueError(f"cache batch {cache_b} != tokens batch {b}")
 
 
-def _attention_mask(attention_mask, t: int, cache_index, segment_ids=None) -> jax.Array:
-    """[B, T, S'] bool: query i sees key j iff the key is valid and causal (and, with segment_ids,
-    in the query's segment or in segment 0; see Decoder.__call__)."""
+def _attention_mask(attention_mask, t: int, cache_index) -> jax.Array:
+    """[B, T, S'] bool: query i sees key j iff the key is valid and causal."""
     valid = attention_mask.astype(bool)  # [B, S']
     s = valid.shape[1]
     q_pos = jnp.arange(t)[:, None]  # [T, 1]
     if cache_index is not None:
         q_pos = q_pos + jnp.asarray(cache_index, jnp.int32)
     causal = jnp.arange(s)[None, :] <= q_pos  # [T, S']
-    mask = valid[:, None, :] & causal[None]
-    if segment_ids is None:
-        return mask
-    if segment_ids.shape != attention_mask.shape:
-        raise ValueError(f"segment_ids: expected shape {attention_mask.shape} like attention_mask, got "
-                         f"{segment_ids.shape}")
-    start = 0 if cache_index is None else cache_index
-    if not isinstance(start, (int, np.integer)):
-        raise ValueError("segment_ids with a cache need a static (Python int) cache_index")
-    q_seg = segment_ids[:, int(start):int(start) + t]  # [B, T]
-    same = (segment_ids[:, None, :] == q_seg[:, :, None]) | (segment_ids[:, None, :] == 0)  # [B, T, S']
-    return mask & same
+    return valid[:, None, :] & causal[None]
 
 
 def _tree_mask(tree_end, cache) -> jax.Array:

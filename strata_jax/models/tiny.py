@@ -35,8 +35,12 @@ DEFAULT_TEXTS = (
     "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, "
     "a drawer 2, a fridge 1, a microwave 1, a shelf 3, a sinkbasin 1, and a toaster 1.",
     "Your task is to: put a clean apple in the fridge.",
-    "go to countertop 1", "take apple 1 from countertop 1", "clean apple 1 with sinkbasin 1",
-    "open fridge 1", "put apple 1 in/on fridge 1", "Nothing happens.",
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "clean apple 1 with sinkbasin 1",
+    "open fridge 1",
+    "put apple 1 in/on fridge 1",
+    "Nothing happens.",
     "You arrive at countertop 1. On the countertop 1, you see a apple 1, a knife 2, and a mug 3.",
     "Strategy: first find the object, then clean it, then place it. Think step by step.",
     "<think>I should look for the apple on the countertop.</think> <action>go to countertop 1</action>",
@@ -46,22 +50,53 @@ _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 
 # Config keys `ModelConfig.from_hf` reads: an override outside these would reach transformers'
 # config.json but not our decoder, so the two would disagree; it is refused instead.
-_READ_KEYS = frozenset({
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "tie_word_embeddings",
-    "attention_bias", "mlp_bias", "use_sliding_window", "max_position_embeddings", "initializer_range",
-    "rope_theta", "rope_parameters", "rope_scaling", "bos_token_id", "eos_token_id", "pad_token_id",
-})
+_READ_KEYS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "use_sliding_window",
+        "max_position_embeddings",
+        "initializer_range",
+        "rope_theta",
+        "rope_parameters",
+        "rope_scaling",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    }
+)
 
 
 class TinyModelError(ValueError):
     """Invalid arguments to make_tiny_model; the message names the argument."""
 
 
-def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None, vocab_size: int = 512,
-                    hidden_size: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-                    intermediate_size: int = 512, tie: bool = True, rope_theta: float = 1e6, seed: int = 0,
-                    tokenizer: str | None = None, **overrides) -> pathlib.Path:
+def make_tiny_model(
+    out_dir,
+    arch: str = "qwen2",
+    texts: list[str] | None = None,
+    vocab_size: int = 512,
+    hidden_size: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int = 512,
+    tie: bool = True,
+    rope_theta: float = 1e6,
+    seed: int = 0,
+    tokenizer: str | None = None,
+    **overrides,
+) -> pathlib.Path:
     """Write a random-weight HF model + trained tokenizer to out_dir and return it.
 
     `overrides` go straight into the config.json dict (e.g. head_dim, rope_parameters,
@@ -76,8 +111,10 @@ def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None
         raise TinyModelError(f"tokenizer {kind!r}: expected 'bpe' or 'sentencepiece'")
     unknown = sorted(set(overrides) - _READ_KEYS)
     if unknown:
-        raise TinyModelError(f"config overrides {unknown} are not read by strata_jax's decoder "
-                             f"(ModelConfig.from_hf); allowed: {sorted(_READ_KEYS)}")
+        raise TinyModelError(
+            f"config overrides {unknown} are not read by strata_jax's decoder "
+            f"(ModelConfig.from_hf); allowed: {sorted(_READ_KEYS)}"
+        )
     texts = list(texts) if texts else list(DEFAULT_TEXTS)
     if not all(isinstance(t, str) for t in texts):
         raise TinyModelError("texts must be a list of str")
@@ -86,13 +123,28 @@ def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None
     tok = _bpe_tokenizer(out, texts, vocab_size) if kind == "bpe" else _sp_tokenizer(out, texts, vocab_size)
     if len(tok) > vocab_size:
         raise TinyModelError(f"vocab_size={vocab_size} is smaller than the tokenizer ({len(tok)} tokens)")
-    ids = {k: tok.convert_tokens_to_ids(getattr(tok, k.replace("_id", ""))) for k in
-           ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tok, k.replace("_id", ""), None)}
-    config = dict(model_type=arch, architectures=[_ARCHITECTURES[arch]], vocab_size=vocab_size,
-                  hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads, intermediate_size=intermediate_size, hidden_act="silu",
-                  rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=tie, rope_theta=rope_theta,
-                  max_position_embeddings=4096, **ids)
+    ids = {
+        k: tok.convert_tokens_to_ids(getattr(tok, k.replace("_id", "")))
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if getattr(tok, k.replace("_id", ""), None)
+    }
+    config = dict(
+        model_type=arch,
+        architectures=[_ARCHITECTURES[arch]],
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        tie_word_embeddings=tie,
+        rope_theta=rope_theta,
+        max_position_embeddings=4096,
+        **ids,
+    )
     if arch == "llama":
         config.update(attention_bias=False, mlp_bias=False)
     config.update(overrides)
@@ -102,8 +154,8 @@ def make_tiny_model(out_dir, arch: str = "qwen2", texts: list[str] | None = None
 
 def _save_jax_model(out: pathlib.Path, config: dict, seed: int) -> None:
     """Initialise our decoder from the config dict and write it with our own HF export."""
-    from strata_jax.models.hf import export_hf
     from strata_jax.models.config import ModelConfig
+    from strata_jax.models.hf import export_hf
 
     cfg = ModelConfig.from_hf(config)
     # The tokenizer files are already in `out` (written above); export_hf adds config.json (which
@@ -161,23 +213,34 @@ def _bpe_tokenizer(out: pathlib.Path, texts: list[str], vocab_size: int):
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
-        raise TinyModelError(f"vocab_size={vocab_size}: byte-level BPE needs at least "
-                             f"{len(alphabet) + len(SPECIAL_TOKENS)} (256 bytes + special tokens)")
+        raise TinyModelError(
+            f"vocab_size={vocab_size}: byte-level BPE needs at least "
+            f"{len(alphabet) + len(SPECIAL_TOKENS)} (256 bytes + special tokens)"
+        )
     raw = Tokenizer(models.BPE())
     raw.normalizer = normalizers.NFC()
-    raw.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet, show_progress=False
+    )
     raw.train_from_iterator(texts, trainer=trainer)
     model = json.loads(raw.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tok = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, unk_token=None, bos_token=None,
-                         eos_token="<|im_end|>", pad_token="<|pad|>",
-                         additional_special_tokens=["<|endoftext|>", "<|im_start|>"])
+    tok = Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=merges,
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+    )
     tok.chat_template = CHATML_TEMPLATE
     tok.save_pretrained(str(out))
     return tok
@@ -190,19 +253,39 @@ def _sp_tokenizer(out: pathlib.Path, texts: list[str], vocab_size: int):
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type="bpe",
-        byte_fallback=True, hard_vocab_limit=False, character_coverage=1.0,
+        sentence_iterator=iter(texts),
+        model_writer=buf,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
         user_defined_symbols=[t for t in SPECIAL_TOKENS if t != "<|pad|>"],
-        unk_id=0, bos_id=1, eos_id=2, pad_id=3, pad_piece="<|pad|>",
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        pad_piece="<|pad|>",
         # identity: keep newlines and repeated spaces, so sentencepiece and transformers agree.
-        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
-        num_threads=1, minloglevel=2)
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        num_threads=1,
+        minloglevel=2,
+    )
     (out / "tokenizer.model").write_bytes(buf.getvalue())
     tok_cfg = {
-        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "<|im_end|>",
-        "unk_token": "<unk>", "pad_token": "<|pad|>", "add_bos_token": False, "add_eos_token": False,
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "<|im_end|>",
+        "unk_token": "<unk>",
+        "pad_token": "<|pad|>",
+        "add_bos_token": False,
+        "add_eos_token": False,
         "additional_special_tokens": ["<|endoftext|>", "<|im_start|>", "</s>"],
-        "chat_template": CHATML_TEMPLATE, "model_max_length": 4096, "legacy": False,
+        "chat_template": CHATML_TEMPLATE,
+        "model_max_length": 4096,
+        "legacy": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     (out / "config.json").write_text(json.dumps({"model_type": "llama"}))  # replaced by export_hf

@@ -1,7 +1,0 @@
-"""BEACON on real ALFWorld games: ALGORITHMS.md section 7 defaults."""
-
-from configs.base import base_config, with_algo_env
-
-
-def get_config():
-    return with_algo_env(base_config(), "beacon", "alfworld")

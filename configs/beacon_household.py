@@ -1,7 +1,0 @@
-"""BEACON on the built-in household world: ALGORITHMS.md section 7 defaults."""
-
-from configs.base import base_config, with_algo_env
-
-
-def get_config():
-    return with_algo_env(base_config(), "beacon", "household")
