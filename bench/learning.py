@@ -756,7 +756,7 @@ def smol_study(args) -> None:
     if args.alfworld_tasks:
         md += "\n\n" + alfworld_table(results, algos, seeds)
     (out / "results.md").write_text(md + "\n")
-    plots(results, algos, seeds, out, "household (SmolLM2-135M)")
+    plots(results, algos, seeds, out, "household")
     print(md)
     if args.results:
         dest = pathlib.Path(args.results)

@@ -252,7 +252,8 @@ def bench_gpu(
         ),
     )
     prompts = _prompts(batch, prompt_len, cfg.vocab_size)
-    tokens, consts, key, _ = sampler._prepare(prompts, SamplingParams(temperature=1.0), 0, None)
+    tokens, consts, key, path, _ = sampler._prepare(prompts, SamplingParams(temperature=1.0), 0, None)
+    assert path == "plain", path  # prefill below is the unshared prompt's program
 
     def prefill():
         return jax.block_until_ready(sampler._prefill(params, tokens, consts, key))
