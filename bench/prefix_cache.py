@@ -67,29 +67,8 @@ def load_config(path: str, overrides):
 
 def policies(run):
     """(without the cache: the run's own policy, with it: a twin over the same params)."""
-    from rollout.jax_policy import JaxPolicy
-
     base = run.policy
-    s = run.config.sampling
-    budgets = {k: sp.config.max_new_tokens for k, sp in base.samplers.items()}
-    cached = JaxPolicy(
-        base.samplers["action"].graphdef,
-        base.params,
-        base.tokenizer,
-        budgets,
-        prompt_buckets=s.prompt_buckets,
-        batch_buckets=s.batch_buckets,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        mesh=run.local_mesh,
-        cache_dtype=s.kv_dtype,
-        shared_prefix=bool(s.shared_prefix),
-        fuse_decode=bool(s.fuse_decode),
-        prefix_cache_tokens=int(s.prefix_cache_tokens),
-        prefix_cache_bytes=int(s.prefix_cache_mb) << 20,
-        seed=int(run.config.seed),
-    )
+    cached = run.new_policy(base.params, prefix_cache=True)
     cached.kind_sampling = dict(base.kind_sampling)
     return {"no cache": base, "cache": cached}
 

@@ -129,27 +129,8 @@ class Run:
             state, extra = restored
             self.state = state.replace(frozen=self.state.frozen)  # the base is the model's, not the checkpoint's
             self.start_iteration = int(extra["iteration"]) + 1
-        s = config.sampling
-        budgets = {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens}
         self._synced = None
-        self.policy = JaxPolicy(
-            self.decode_graphdef,
-            self._policy_params(),
-            self.tokenizer,
-            budgets,
-            prompt_buckets=s.prompt_buckets,
-            batch_buckets=s.batch_buckets,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            mesh=self.local_mesh,
-            cache_dtype=s.kv_dtype,
-            shared_prefix=bool(s.shared_prefix),
-            fuse_decode=bool(s.fuse_decode),
-            prefix_cache_tokens=int(s.prefix_cache_tokens) if s.prefix_cache else 0,
-            prefix_cache_bytes=int(s.prefix_cache_mb) << 20,
-            seed=int(config.seed),
-        )
+        self.policy = self.new_policy(self._policy_params())
         self.window = logprob_window(config)
         self.eval_outcomes: dict = {}  # the latest evaluation's per-task outcomes (rollout/evaluate.py)
         # The model work of the scoring and the update, counted from their padded shapes like the
@@ -175,6 +156,30 @@ class Run:
             self.ptx_step = make_ptx_step(
                 graphdef, self.optimizer, self.mesh, chunk=int(t.logprob_chunk), window=self.ptx.window
             )
+
+    def new_policy(self, params, prefix_cache: bool | None = None) -> JaxPolicy:
+        """A JaxPolicy over `params` with the config's sampling settings; `prefix_cache` overrides
+        `sampling.prefix_cache` (bench/prefix_cache.py runs both side by side)."""
+        s = self.config.sampling
+        cache = bool(s.prefix_cache) if prefix_cache is None else bool(prefix_cache)
+        return JaxPolicy(
+            self.decode_graphdef,
+            params,
+            self.tokenizer,
+            {"strategy": s.max_strategy_tokens, "action": s.max_action_tokens, "judge": s.max_judge_tokens},
+            prompt_buckets=s.prompt_buckets,
+            batch_buckets=s.batch_buckets,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            mesh=self.local_mesh,
+            cache_dtype=s.kv_dtype,
+            shared_prefix=bool(s.shared_prefix),
+            fuse_decode=bool(s.fuse_decode),
+            prefix_cache_tokens=int(s.prefix_cache_tokens) if cache else 0,
+            prefix_cache_bytes=int(s.prefix_cache_mb) << 20,
+            seed=int(self.config.seed),
+        )
 
     def checkpoint_state(self):
         """What a checkpoint holds of the train state: everything but the frozen base (LoRA)."""
