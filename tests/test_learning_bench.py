@@ -376,3 +376,46 @@ def test_ablation_trains_three_arms_from_each_defaults_sft_model(learning, tmp_p
     (tmp_path / "ablation_vanilla_s1" / "metrics.jsonl").unlink()
     with pytest.raises(SystemExit, match="default_s1: the default's run"):
         learning.ablation([0, 1], tmp_path, progress=False)
+
+
+def test_smol_study_config_keeps_the_algorithm_and_sets_its_levers(learning):
+    """--world smol: configs/smol_household.py with the study's horizon, demonstrations in both
+    prompt styles, LoRA and no KL term; each arm equal trajectories per task (flat G = N x M)."""
+    args = _args(world="smol", tasks=4, lora_rank=16, lr=5e-5, eval_tasks=64, sft_steps=None, horizon=(2, 8))
+    base = learning.smol_base(args)
+    assert base.model.path == "smollm2" and base.sft.styles == "both"
+    assert (base.env.horizon_min, base.env.horizon_max) == (2, 8) and base.env.max_steps >= 16
+    assert base.model.lora_rank == 16 and base.train.kl_coef == 0.0 and base.sampling.prefix_cache
+    assert base.algo.tasks_per_iter == 4 and base.eval.num_tasks == 64
+    for arm in ("grpo", "beacon", "strata"):
+        c = learning.run_config(base, arm, 0, "/tmp/sft_model")
+        assert c.algo.name == arm and c.model.path == "/tmp/sft_model" and c.sft.steps == 0
+        per_task = c.algo.group_size if arm != "strata" else c.algo.num_strategies * c.algo.traj_per_strategy
+        assert per_task == base.algo.num_strategies * base.algo.traj_per_strategy
+    alf = learning.smol_alfworld_config(c, "/tmp/sft_model", 32)
+    assert alf.env.name == "alfworld" and alf.env.eval_split == "valid_unseen" and alf.eval.num_tasks == 32
+    assert alf.model.lora_rank == 16  # the arm's adapters restore onto the same model
+
+
+def test_smol_results_are_per_seed_per_arm_task_outcomes(learning):
+    """results.json's schema by hand: one entry per seed, each arm's start and final outcome per
+    task (None for an episode masked out), the start shared by the arms of one prompt style."""
+    flat = {"tasks": [7, 8, 9], "won": [1, 0, 0], "valid": [1, 1, 0], "horizon": [2, 5, 9]}
+    final = {"tasks": [7, 8, 9], "won": [1, 1, 0], "valid": [1, 1, 1], "horizon": [2, 5, 9]}
+    starts = {("grpo", "household"): flat}
+    finals = {("grpo", 0, "household"): final, ("grpo", 1, "household"): flat}
+    out = learning.smol_results(starts, finals, ["grpo"], [0, 1])
+    assert [e["seed"] for e in out] == [0, 1]
+    assert out[0]["arms"]["grpo"]["household"] == {"start": [1, 0, None], "final": [1, 1, 0], "tasks": [7, 8, 9]}
+    assert out[1]["arms"]["grpo"]["household"]["final"] == [1, 0, None]
+    assert "alfworld" not in out[0]["arms"]["grpo"]
+    assert learning._rate(final) == 2 / 3 and learning._rate(flat) == 1 / 2
+    # horizon buckets as the evaluation reports them: short L* <= 4, medium 5-7, long >= 8
+    assert learning._bucket_rates(final) == {
+        "eval/success_short": 1.0,
+        "eval/n_short": 1,
+        "eval/success_medium": 1.0,
+        "eval/n_medium": 1,
+        "eval/success_long": 0.0,
+        "eval/n_long": 1,
+    }
