@@ -172,7 +172,6 @@ def plan_prefixes(
 class CacheEntry:
     tokens: tuple[int, ...]  # the prompt tokens whose keys and values pool row `row` holds (<= width)
     row: int
-    used: int  # the call that last hit or wrote it
 
 
 class PrefixCache:
@@ -184,9 +183,9 @@ class PrefixCache:
     `min_prefix` tokens, and at most len - 1: the prefill's last position gives the first token's
     logits); the sampler prefills only what follows; then `assign` gives pool rows to the call's
     prompts whose first `width` tokens extend past their match, and evicts the entries that the
-    call neither used nor wrote. The action calls of a rollout carry every running trajectory, so
-    an entry left out of a call belongs to an episode that ended or to an earlier step's prompt
-    that a newer entry repeats.
+    call did not use. The action calls of a rollout carry every running trajectory, so an entry
+    left out of a call belongs to an episode that ended or to an earlier step's prompt that a newer
+    entry repeats.
     """
 
     def __init__(self, rows: int, width: int, min_prefix: int = 16):
@@ -197,7 +196,6 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.entries: list[CacheEntry] = []
-        self.calls = 0
         # Entries by their first min_prefix tokens: a hit needs at least those in common.
         self._by_start: dict[tuple[int, ...], list[CacheEntry]] = {}
 
@@ -205,15 +203,15 @@ class PrefixCache:
         return len(self.entries)
 
     def match(self, prompt: Sequence[int]) -> tuple[CacheEntry | None, int]:
-        """(entry, usable tokens) for one prompt: the longest common prefix with a cached entry,
-        the latest entry among equals; (None, 0) below `min_prefix`."""
+        """(entry, usable tokens) for one prompt: the longest common prefix with a cached entry;
+        (None, 0) below `min_prefix`."""
         usable_max = len(prompt) - 1
         if usable_max < self.min_prefix:
             return None, 0
         best, best_len = None, 0
         for e in self._by_start.get(tuple(prompt[: self.min_prefix]), ()):
             n = min(common_prefix_len(e.tokens, prompt[: len(e.tokens)]), usable_max)
-            if n >= self.min_prefix and (n > best_len or (n == best_len and e.used > best.used)):
+            if n >= self.min_prefix and n > best_len:
                 best, best_len = e, n
         return best, best_len
 
@@ -221,35 +219,25 @@ class PrefixCache:
         self, prompts: Sequence[Sequence[int]], hits: Sequence[tuple[CacheEntry | None, int]]
     ) -> list[tuple[int, int, int]]:
         """End of a call: [(prompt index, pool row, tokens to store)] for the prompts whose first
-        `width` tokens (at most len - 1) reach past their match, one per distinct head; entries the
-        call did not use are evicted. When more heads are new than rows are free, the longest win."""
-        self.calls += 1
+        `width` tokens (at most len - 1) reach past their match, one per distinct head and each in
+        its own row; entries the call did not use are evicted. Rows come from the free ones first,
+        then from this call's hits (the new heads repeat them); when more heads are new than that,
+        the longest win."""
         used = {id(e) for e, _ in hits if e is not None}
-        for e, _ in hits:
-            if e is not None:
-                e.used = self.calls
         wanted: dict[tuple[int, ...], int] = {}
         for i, (p, (_, n)) in enumerate(zip(prompts, hits)):
             head = tuple(int(t) for t in p[: min(len(p) - 1, self.width)])
             if len(head) > n and len(head) >= self.min_prefix and head not in wanted:
                 wanted[head] = i
-        keep = [e for e in self.entries if id(e) in used]
-        new = sorted(wanted.items(), key=lambda kv: -len(kv[0]))
-        # Rows: the free ones first, then those of this call's hits (the new heads repeat them).
-        taken = {e.row for e in keep}
-        free = [r for r in range(self.rows) if r not in taken]
-        keep.sort(key=lambda e: e.used)
-        stores = []
-        for head, i in new:
-            if not free:
-                if not keep:
-                    break
-                free.append(keep.pop(0).row)
-            row = free.pop(0)
-            keep.append(CacheEntry(tokens=head, row=row, used=self.calls))
-            stores.append((i, row, len(head)))
-        self.entries = keep
+        kept = [e for e in self.entries if id(e) in used]
+        taken = {e.row for e in kept}
+        rows = [r for r in range(self.rows) if r not in taken] + [e.row for e in kept]
+        new = sorted(wanted.items(), key=lambda kv: -len(kv[0]))[: len(rows)]
+        stores = [(i, row, len(head)) for (head, i), row in zip(new, rows)]
+        written = {row for _, row, _ in stores}
+        self.entries = [e for e in kept if e.row not in written]
+        self.entries += [CacheEntry(tokens=head, row=row) for (head, _), row in zip(new, rows)]
         self._by_start = {}
-        for e in keep:
+        for e in self.entries:
             self._by_start.setdefault(e.tokens[: self.min_prefix], []).append(e)
         return stores

@@ -94,6 +94,24 @@ def _steps(n_steps=4):
     return calls
 
 
+def test_assign_never_gives_two_new_heads_one_row():
+    """More new heads than rows: the longest get a row each and the rest none (two heads written to
+    one row would leave the bookkeeping naming keys and values that the row does not hold)."""
+    cache = PrefixCache(rows=2, width=8, min_prefix=2)
+    prompts = [[1] * 9, [2] * 6, [3] * 4, [4] * 7]  # heads of 8, 5, 3 and 6 tokens
+    stores = cache.assign(prompts, [(None, 0)] * 4)
+    assert sorted((i, h) for i, _, h in stores) == [(0, 8), (3, 6)]
+    assert sorted(row for _, row, _ in stores) == [0, 1]
+    assert sorted((e.row, e.tokens[0]) for e in cache.entries) == sorted((row, prompts[i][0]) for i, row, _ in stores)
+    # next call: one head hit, two new ones; the hit's row goes to the longer new head only
+    nxt = [[1] * 3 + [9] * 6, [5] * 9, [6] * 5]
+    hits = [cache.match(p) for p in nxt]
+    assert hits[0][1] == 3 and hits[1] == (None, 0)
+    stores = cache.assign(nxt, hits)
+    assert sorted((i, h) for i, _, h in stores) == [(0, 8), (1, 8)]
+    assert len({row for _, row, _ in stores}) == 2 and len(cache) == 2
+
+
 def _compare(cached_sampler, plain_sampler, params_per_call, calls, temperature):
     for i, (params, prompts) in enumerate(zip(params_per_call, calls)):
         sp = SamplingParams(temperature=temperature)
