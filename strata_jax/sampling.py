@@ -55,6 +55,8 @@ step so the last token of each row is fed too. No second forward pass.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -443,8 +445,6 @@ class Sampler:
         stop_sequences: list[list[int]] | None = None,
     ) -> SampleOutput:
         """Sample up to max_new_tokens per prompt. See SampleOutput for the result."""
-        import time
-
         cfg = self.config
         _check_prompts(prompts)
         hits = None
@@ -509,8 +509,12 @@ class Sampler:
         cfg = self.config
         w = int(cfg.prefix_cache_tokens)
         dtype = _dtype(cfg.cache_dtype)
-        one = jax.eval_shape(lambda p: nnx.merge(self.graphdef, p).init_cache(1, w, dtype=dtype), params)
-        row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one))
+
+        def pool(p, rows: int):
+            return nnx.merge(self.graphdef, p).init_cache(rows, w, dtype=dtype)
+
+        one_row = jax.eval_shape(functools.partial(pool, rows=1), params)
+        row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one_row))
         rows = min(int(cfg.prefix_cache_bytes) // row_bytes, 2 * max(self.batch_buckets))
         rows -= rows % self._dp
         if rows < 1:
@@ -520,9 +524,7 @@ class Sampler:
                 f"(x {self._dp} data-parallel rows); raise it or lower prefix_cache_tokens"
             )
         self.prefix_cache = PrefixCache(rows, w, int(cfg.min_shared_prefix))
-        self._pool = self._constrain_cache(
-            jax.jit(lambda p: nnx.merge(self.graphdef, p).init_cache(rows, w, dtype=dtype))(params)
-        )
+        self._pool = self._constrain_cache(jax.jit(functools.partial(pool, rows=rows))(params))
 
     def _store_heads(self, state: _State, prompts, hits, mask: np.ndarray) -> None:
         """Copy the call's new prompt heads from its prefill cache into the pool (PrefixCache.assign
@@ -593,12 +595,14 @@ class Sampler:
             tokens = (row_entry, suf_tokens)
             self.prefill_tokens += bb * ts
             self.work.add(**cost.prefixed(0, pre_mask.shape[1], bb, ts, 1))
-            plan = "cached"
+            path = "cached"
         elif plan is None:
+            path = "plain"
             tokens, mask = _left_pad(prompts, bb, tp, cfg.pad_id)
             self.prefill_tokens += bb * tp
             self.work.add(**cost.dense(bb, tp, 1))
         else:
+            path = "shared"
             # [UB, Tpre] prefixes and [BB, Ts] suffixes, each left-padded; the row's prompt mask is
             # its prefix's mask followed by its suffix's, [BB, Tpre + Ts = Tp].
             pre_tokens, pre_mask = _left_pad(
@@ -615,7 +619,6 @@ class Sampler:
             self.prefill_tokens += plan.cost
             self.shared_calls += 1
             self.work.add(**cost.prefixed(plan.unique_bucket, plan.prefix_bucket, bb, plan.suffix_bucket, 1))
-            plan = "shared"
         self.work.add(**cost.real(list(map(len, prompts))))
         consts = _Consts(
             prompt_mask=mask,
@@ -627,7 +630,7 @@ class Sampler:
         )
         tokens, consts = self._place(tokens, consts)
         key = jax.random.key(rng) if isinstance(rng, (int, np.integer)) else rng
-        return tokens, consts, key, plan or "plain", mask
+        return tokens, consts, key, path, mask
 
     def score(self, params: Any, tokens: Any, attention_mask: Any) -> np.ndarray:
         """Teacher-forced log-probs [B, L] (see `score`), bucketed with this sampler's buckets."""
