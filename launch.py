@@ -199,19 +199,17 @@ def check_command_line(argv: list[str]) -> str | None:
     are suggested). Values are checked by the flag parser (`_parse_flags`) and by `validate()`.
     """
     import difflib
-    import importlib.util
     import re
 
     spec_arg = _config_path(argv)
-    path, *config_args = spec_arg.split(":", 1)  # ml_collections passes "file.py:arg" to get_config
+    path = spec_arg.split(":", 1)[0]  # ml_collections passes "file.py:arg" to get_config
     if not os.path.isfile(path):
         return f"config file {path!r} not found"
     sys.path.insert(0, str(REPO))  # config files import configs.base
     try:
-        spec = importlib.util.spec_from_file_location("_cfg_check", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        config = module.get_config(*config_args)
+        from configs.base import load_config_file
+
+        config = load_config_file(spec_arg)
     except Exception as e:  # noqa: BLE001 (any failure of the user's file is reported, in one line)
         return f"config file {spec_arg!r} failed to load: {type(e).__name__}: {_one_line(e)}"
     # The override forms ml_collections accepts: -config.k=v, --config.k=v, --noconfig.k (booleans).

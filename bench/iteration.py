@@ -96,22 +96,20 @@ PHASES = ("strategies", "actions", "judgment", "scoring", "advantages", "update"
 
 
 def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "configs/tiny_household.py"):
-    """(StraTA config, GRPO config) from a StraTA config file (default: the household config); same
-    model, same everything else."""
+    """(StraTA config, GRPO config, (eval.num_tasks, eval.every) as the file sets them) from a StraTA
+    config file (default: the household config); same model, same everything else. The runs
+    evaluate nothing themselves (`--eval-tasks` times an evaluation apart)."""
     import copy
-    import importlib.util
 
-    from configs.base import apply_overrides, validate
+    from configs.base import apply_overrides, load_config_file, validate
 
-    spec = importlib.util.spec_from_file_location("bench_config", config_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    strata = module.get_config()
+    strata = load_config_file(config_file)
     if strata.algo.name != "strata":
         raise SystemExit(f"--config {config_file}: algo.name is {strata.algo.name!r}, expected 'strata'")
     apply_overrides(strata, overrides)
     strata.sft.steps = sft_steps
     strata.log.progress = False
+    file_eval = (int(strata.eval.num_tasks), int(strata.eval.every))
     strata.eval.every = 0
     strata.checkpoint.every = 0
     strata.log.save_batches = False
@@ -120,7 +118,7 @@ def configs(sft_steps: int, overrides: list[str] = (), config_file: str = "confi
     grpo.algo.group_size = strata.algo.num_strategies * strata.algo.traj_per_strategy
     grpo.algo.judgment = False
     grpo.algo.diverse = False
-    return validate(strata), validate(grpo)
+    return validate(strata), validate(grpo), file_eval
 
 
 def with_thoughts(tb, think: int, horizon: int, vocab: int, seed: int):
@@ -461,7 +459,7 @@ def run_benches(a) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(a.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        strata, grpo = configs(a.sft_steps, a.set, a.config)
+        strata, grpo, file_eval = configs(a.sft_steps, a.set, a.config)
         model = a.model_dir or model_dir(strata, root / "model", make_mesh(strata))
         thoughts = Thoughts(a.think_tokens) if a.think_tokens > 0 else None
         benches = {}
@@ -472,6 +470,7 @@ def run_benches(a) -> tuple[dict, dict]:
         if a.eval_tasks:
             for name, b in benches.items():
                 out[name]["eval_s"] = b.evaluation(a.eval_tasks)
+                out[name]["eval_num_tasks"], out[name]["eval_every"] = file_eval
         # scoring passes per iteration: the reference's (unless kl_coef = 0) and the old policy's
         passes = {
             n: int(b.run.reference_params() is not None) + int(bool(b.run.config.train.recompute_old_logp))
@@ -507,17 +506,6 @@ def from_json(out: dict) -> dict:
     return {n: {**r, "work": {p: work(w) for p, w in r["work"].items()}} for n, r in out.items()}
 
 
-def strata_config_eval(a) -> tuple[int, int]:
-    """(eval.num_tasks, eval.every) of the benchmarked config as its file sets them."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_config_eval", a.config)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    return int(c.eval.num_tasks), int(c.eval.every)
-
-
 def report(out: dict, passes: dict, a) -> None:
     """Print the timed figures (when timed) and the modelled ones (module docstring)."""
     s, g = out["strata"], out["grpo"]
@@ -539,7 +527,7 @@ def report(out: dict, passes: dict, a) -> None:
             )
         print(f"iteration {name:6s} {'prefill':10s} {r['prefill_tokens']:8.0f} padded prompt tokens")
         if "eval_s" in r:
-            c = strata_config_eval(a)
+            c = (int(r["eval_num_tasks"]), int(r["eval_every"]))
             share = r["eval_s"] * c[0] / a.eval_tasks / max(c[1], 1)
             print(
                 f"iteration {name:6s} {'evaluation':10s} {r['eval_s']:8.2f} s for {a.eval_tasks} tasks; "

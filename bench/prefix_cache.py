@@ -49,14 +49,9 @@ import numpy as np  # noqa: E402
 
 
 def load_config(path: str, overrides):
-    import importlib.util
+    from configs.base import apply_overrides, load_config_file, validate
 
-    from configs.base import apply_overrides, validate
-
-    spec = importlib.util.spec_from_file_location("bench_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = load_config_file(path)
     apply_overrides(c, overrides)
     c.log.progress = False
     c.eval.every = 0

@@ -576,6 +576,18 @@ def with_algo_env(c: mlc.ConfigDict, algo: str, env: str) -> mlc.ConfigDict:
     return c
 
 
+def load_config_file(spec: str) -> mlc.ConfigDict:
+    """The config of a config file as `--config` names it: "path.py" or "path.py:ARG" (ARG passed to
+    its get_config, as ml_collections does)."""
+    import importlib.util
+
+    path, *args = str(spec).split(":", 1)
+    module_spec = importlib.util.spec_from_file_location("_config_file", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(*args)
+
+
 def start_from(c: mlc.ConfigDict, model_path) -> mlc.ConfigDict:
     """c set to start from an already warm-started model (a run's sft_model/): model.path is that
     directory and SFT is off, so the run does not warm-start it a second time."""
