@@ -141,8 +141,7 @@ def base_config(args):
     c.env.horizon_min, c.env.horizon_max = args.horizon
     c.eval.every = int(args.eval_every)
     c.eval.num_tasks = int(args.eval_tasks)
-    if c.eval.num_tasks > max(c.sampling.batch_buckets):  # the held-out tasks are one policy call
-        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
+    eval_in_one_call(c)
     c.checkpoint.every = int(args.iterations)
     c.log.plots_every = 0
     c.log.progress = bool(args.progress)
@@ -151,6 +150,12 @@ def base_config(args):
     from configs.base import apply_overrides
 
     return apply_overrides(c, args.set)
+
+
+def eval_in_one_call(c) -> None:
+    """A batch bucket for all of c's held-out tasks: an evaluation samples them in one policy call."""
+    if c.eval.num_tasks > max(c.sampling.batch_buckets):
+        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
 
 
 def run_config(base, arm: str, seed: int, model_path: str):
@@ -610,8 +615,7 @@ def smol_base(args):
     c.checkpoint.every = 1
     c.log.plots_every = 0
     c.log.progress = bool(args.progress)
-    if c.eval.num_tasks > max(c.sampling.batch_buckets):
-        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
+    eval_in_one_call(c)
     from configs.base import apply_overrides
 
     return apply_overrides(c, args.set)
@@ -631,8 +635,7 @@ def smol_alfworld_config(base, model_path: str, n_games: int):
     c.log.progress = bool(base.log.progress)
     c.seed = int(base.seed)
     start_from(c, model_path)
-    if c.eval.num_tasks > max(c.sampling.batch_buckets):
-        c.sampling.batch_buckets = (*c.sampling.batch_buckets, int(c.eval.num_tasks))
+    eval_in_one_call(c)
     return validate(c)
 
 
