@@ -624,10 +624,17 @@ def smol_base(args):
 def smol_alfworld_config(base, model_path: str, n_games: int):
     """Real ALFWorld valid_unseen games (configs/smol_alfworld.py) for a checkpoint of the study: the
     same model, adapters and sampling as the household arms."""
-    from configs.base import start_from, validate
+    from configs.base import start_from, validate, with_algo_env
     from configs.smol_alfworld import get_config
 
     c = get_config()
+    # The arm's algorithm, not the ALFWorld config's StraTA: it decides the prompt (a strategy
+    # first or not), so a flat arm's checkpoint is evaluated in the prompts it was trained on.
+    c = with_algo_env(c, base.algo.name, "alfworld")
+    for key in ("judgment", "diverse", "group_size", "num_strategies", "traj_per_strategy", "revise_every"):
+        if key in base.algo:
+            c.algo[key] = base.algo[key]
+    c.env.max_steps = 20
     c.model = copy.deepcopy(base.model)
     c.train = copy.deepcopy(base.train)
     c.eval.num_tasks = int(n_games)

@@ -392,9 +392,12 @@ def test_smol_study_config_keeps_the_algorithm_and_sets_its_levers(learning):
         assert c.algo.name == arm and c.model.path == "/tmp/sft_model" and c.sft.steps == 0
         per_task = c.algo.group_size if arm != "strata" else c.algo.num_strategies * c.algo.traj_per_strategy
         assert per_task == base.algo.num_strategies * base.algo.traj_per_strategy
-    alf = learning.smol_alfworld_config(c, "/tmp/sft_model", 32)
-    assert alf.env.name == "alfworld" and alf.env.eval_split == "valid_unseen" and alf.eval.num_tasks == 32
-    assert alf.model.lora_rank == 16  # the arm's adapters restore onto the same model
+        # Its ALFWorld evaluation runs the arm's own algorithm (prompts with a strategy or without).
+        alf = learning.smol_alfworld_config(c, "/tmp/sft_model", 32)
+        assert alf.algo.name == arm and alf.algo.judgment == (arm == "strata")
+        assert alf.env.name == "alfworld" and alf.env.eval_split == "valid_unseen" and alf.eval.num_tasks == 32
+        assert alf.env.max_steps == 20 and alf.algo.milestones == "facts"
+        assert alf.model.lora_rank == 16  # the arm's adapters restore onto the same model
 
 
 def test_smol_results_are_per_seed_per_arm_task_outcomes(learning):
