@@ -691,6 +691,51 @@ def smol_results(starts: dict, finals: dict, algos, seeds) -> list:
     return out
 
 
+def paired_gain(start: list, final: list) -> dict:
+    """Final minus start success over the tasks valid in both (the same tasks at both ends), with
+    the standard error of that mean difference: the spread a single seed's gain is read against.
+    `lost_won` / `won_lost` count the tasks that flipped each way."""
+    import numpy as np
+
+    pairs = [(a, b) for a, b in zip(start, final) if a is not None and b is not None]
+    if not pairs:
+        return {"gain": float("nan"), "se": float("nan"), "tasks": 0, "lost_won": 0, "won_lost": 0}
+    d = np.array([b - a for a, b in pairs], float)
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return {
+        "gain": float(d.mean()),
+        "se": se,
+        "tasks": len(d),
+        "lost_won": int((d > 0).sum()),
+        "won_lost": int((d < 0).sum()),
+    }
+
+
+def gain_table(entries: list) -> str:
+    """results.json's entries as a table: per arm, seed and world, the paired gain over the start
+    ± 2 standard errors, and the tasks that flipped (lost -> won / won -> lost)."""
+    lines = [
+        "| algorithm | seed | world | tasks | start | final | gain ± 2 se (paired over tasks) "
+        "| lost -> won | won -> lost |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        for arm, worlds in e["arms"].items():
+            for world, o in worlds.items():
+                if o["start"] is None or o["final"] is None:
+                    continue
+                g = paired_gain(o["start"], o["final"])
+                rate = [
+                    sum(x for x in xs if x is not None) / max(sum(x is not None for x in xs), 1)
+                    for xs in (o["start"], o["final"])
+                ]
+                lines.append(
+                    f"| {arm} | {e['seed']} | {world} | {g['tasks']} | {rate[0]:.3f} | {rate[1]:.3f} "
+                    f"| {g['gain']:+.3f} ± {2 * g['se']:.3f} | {g['lost_won']} | {g['won_lost']} |"
+                )
+    return "\n".join(lines)
+
+
 def smol_study(args) -> None:
     """`--world smol` (module docstring of the smol section above)."""
     import shutil
@@ -765,6 +810,7 @@ def smol_study(args) -> None:
     md = table(results, algos, seeds)
     if args.alfworld_tasks:
         md += "\n\n" + alfworld_table(results, algos, seeds)
+    md += "\n\n" + gain_table(entries)
     (out / "results.md").write_text(md + "\n")
     plots(results, algos, seeds, out, "household")
     print(md)

@@ -422,3 +422,29 @@ def test_smol_results_are_per_seed_per_arm_task_outcomes(learning):
         "eval/success_long": 0.0,
         "eval/n_long": 1,
     }
+
+
+def test_paired_gain_by_hand(learning):
+    """Final minus start over the tasks valid at both ends, its standard error, the flips."""
+    g = learning.paired_gain([1, 0, 0, None, 1, 0], [1, 1, 1, 1, 0, None])
+    # tasks 0-2 and 4 pair up: differences 0, +1, +1, -1 -> mean 0.25, sd (ddof 1) 0.9574
+    assert g["tasks"] == 4 and g["lost_won"] == 2 and g["won_lost"] == 1
+    assert g["gain"] == pytest.approx(0.25)
+    assert g["se"] == pytest.approx((((0.25**2) + 2 * 0.75**2 + 1.25**2) / 3) ** 0.5 / 2)
+    entries = [
+        {
+            "seed": 0,
+            "arms": {
+                "grpo": {
+                    "household": {
+                        "start": [1, 0, 0, None, 1, 0],
+                        "final": [1, 1, 1, 1, 0, None],
+                        "tasks": list(range(6)),
+                    }
+                }
+            },
+        }
+    ]
+    row = learning.gain_table(entries).splitlines()[2]
+    # start 2 of 5 valid, final 4 of 5 valid; the gain is over the 4 paired tasks
+    assert row == "| grpo | 0 | household | 4 | 0.400 | 0.800 | +0.250 ± 0.957 | 2 | 1 |"
