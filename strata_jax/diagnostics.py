@@ -143,6 +143,12 @@ def compute_diagnostics(
             "outcome_full": _ratio(won.sum(), n_traj),
             "outcome_partial": _ratio((any_ms * (1.0 - won) * tm).sum(), n_traj),
             "outcome_none": _ratio(((1.0 - any_ms) * (1.0 - won) * tm).sum(), n_traj),
+            # Tasks whose trajectories disagree on success, over tasks with two or more: where an
+            # outcome-only group advantage (GRPO's) is non-zero; a near-deterministic warm start
+            # leaves few.
+            "mixed_groups": _ratio(
+                ((won.sum(-1) > 0) & (won.sum(-1) < tm.sum(-1)) & (tm.sum(-1) >= 2)).sum(), (tm.sum(-1) >= 2).sum()
+            ),
             "invalid_rate": _ratio((batch.invalid & sm).sum(), n_steps),
             "judged_bad_rate": _ratio((batch.judged_bad & sm).sum(), n_steps),
             "mean_episode_length": _ratio(n_steps, n_traj),

@@ -78,6 +78,8 @@ def test_hand_case():
         [out["outcome_full"], out["outcome_partial"], out["outcome_none"]], [2 / 5, 1 / 5, 2 / 5], rtol=1e-6
     )
     np.testing.assert_allclose(out["success"], 2 / 5, rtol=1e-6)
+    # task 0 won 2 of 3 (mixed), task 1 won 0 of 2 (not): one of two groups carries an outcome signal
+    np.testing.assert_allclose(out["mixed_groups"], 1 / 2, rtol=1e-6)
     np.testing.assert_allclose(out["success_short"], 2 / 3, rtol=1e-6)
     np.testing.assert_allclose(out["success_long"], 0.0)
     assert (out["tasks_short"], out["tasks_medium"], out["tasks_long"]) == (1, 0, 1)
@@ -107,6 +109,12 @@ def test_matches_slow_reference(seed):
     assert out["car_keys"] == n_keys
     np.testing.assert_allclose(out["car"], car, rtol=1e-6)
     np.testing.assert_allclose(out["ccr"], ccr, rtol=1e-5)
+    # mixed_groups by a loop over tasks: their valid trajectories' wins, neither all nor none
+    won = d["won"].reshape(d["won"].shape[0], -1)
+    valid = d["step_mask"].any(-1).reshape(won.shape)  # a trajectory exists when it has a step
+    groups = [w[v] for w, v in zip(won, valid) if v.sum() >= 2]
+    mixed = sum(0 < g.sum() < len(g) for g in groups) / len(groups) if groups else 0.0
+    np.testing.assert_allclose(out["mixed_groups"], mixed, rtol=1e-6)
 
 
 def test_strategy_diversity():
