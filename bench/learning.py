@@ -753,22 +753,29 @@ def smol_study(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     base = smol_base(args)
     t0 = time.perf_counter()
-    sft_dir = model_dir(base, out / "shared", make_mesh(base))
+    report = bool(getattr(args, "report", False))
+    # --report: write results.json, the tables and figures from what is finished; train and
+    # evaluate nothing (a study in progress, or one stopped short of its last arm).
+    sft_dir = out / "shared" / "sft_model" if report else model_dir(base, out / "shared", make_mesh(base))
     print(f"shared SFT model: {sft_dir} ({time.perf_counter() - t0:.0f} s)", flush=True)
     if args.sft_only:
         return
+
+    def evaluated(config, workdir, checkpoints=None):
+        return eval_outcomes(workdir) if report else evaluate_once(config, workdir, checkpoints)
+
     # The start, evaluated once per prompt style: with a strategy (the StraTA arms) and without.
     starts = {}
     for style in sorted({_style(a) for a in algos}):
         start_cfg = run_config(base, style, seeds[0], str(sft_dir))
-        starts[(style, "household")] = evaluate_once(start_cfg, out / f"start_{style}_household")
-        line = f"start ({style} prompts): household held-out success {_rate(starts[(style, 'household')]):.3f}"
+        starts[(style, "household")] = evaluated(start_cfg, out / f"start_{style}_household")
         if args.alfworld_tasks:
-            starts[(style, "alfworld")] = evaluate_once(
+            starts[(style, "alfworld")] = evaluated(
                 smol_alfworld_config(start_cfg, str(sft_dir), args.alfworld_tasks), out / f"start_{style}_alfworld"
             )
-            line += f", ALFWorld valid_unseen success {_rate(starts[(style, 'alfworld')]):.3f}"
-        print(line, flush=True)
+        print(f"start ({style} prompts): " + _rates_line(starts, style), flush=True)
+    if report and any(v is None for v in starts.values()):
+        raise SystemExit(f"--report: the start is not evaluated yet in {out} (run the study without --report)")
     results, finals = {}, {}
     for s in seeds:
         for a in algos:
@@ -776,14 +783,20 @@ def smol_study(args) -> None:
             cfg = run_config(base, a, s, str(sft_dir))
             cfg.eval.at_start = False
             if not finished(wd, int(args.iterations)):
+                if report:
+                    print(f"{a} seed {s}: not finished, left out of the report", flush=True)
+                    continue
                 t1 = time.perf_counter()
                 trainer.train(cfg, wd)
                 note(f"{a} seed {s}: trained in {time.perf_counter() - t1:.0f} s")
             finals[(a, s, "household")] = eval_outcomes(wd, int(args.iterations))
             if args.alfworld_tasks:
-                finals[(a, s, "alfworld")] = evaluate_once(
+                finals[(a, s, "alfworld")] = evaluated(
                     smol_alfworld_config(cfg, str(sft_dir), args.alfworld_tasks), wd / "alfworld", wd / "checkpoints"
                 )
+                if finals[(a, s, "alfworld")] is None:
+                    print(f"{a} seed {s}: its ALFWorld evaluation is not finished, left out of the report", flush=True)
+                    continue
             rows = read_metrics(wd)
             start = starts[(_style(a), "household")]
             start_row = {"iteration": 0, "eval/success": _rate(start)}
@@ -799,9 +812,12 @@ def smol_study(args) -> None:
                 + f", {r['iteration_s']:.0f} s/iteration",
                 flush=True,
             )
+    algos = [a for a in algos if any(f"{a}/s{s}" in results for s in seeds)]
+    if not algos:
+        raise SystemExit(f"no arm of {out} is finished: nothing to report")
     entries = smol_results(
         {(a, w): starts[(_style(a), w)] for a in algos for w in ("household", "alfworld") if (_style(a), w) in starts},
-        finals,
+        {k: v for k, v in finals.items() if f"{k[0]}/s{k[1]}" in results},
         algos,
         seeds,
     )
@@ -828,6 +844,18 @@ def smol_study(args) -> None:
             shutil.copy(out / name, dest / name)
         print(f"results and figures copied to {dest}")
     print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+def _rates_line(starts: dict, style: str) -> str:
+    """One start's success rates as the study prints them."""
+
+    def rate(o):
+        return "not evaluated" if o is None else f"{_rate(o):.3f}"
+
+    line = f"household held-out success {rate(starts[(style, 'household')])}"
+    if (style, "alfworld") in starts:
+        line += f", ALFWorld valid_unseen success {rate(starts[(style, 'alfworld')])}"
+    return line
 
 
 def _style(arm: str) -> str:
@@ -936,6 +964,11 @@ def main() -> None:
     )
     p.add_argument("--progress", action="store_true", help="per-run progress bars")
     p.add_argument("--sft-only", action="store_true", help="build the shared SFT model, then stop")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="--world smol: write the results, tables and figures of the finished arms; train and evaluate nothing",
+    )
     args = p.parse_args()
     args.horizon = tuple(int(x) for x in args.horizon.split(","))
     if args.world == "household" and args.sft_steps is None:

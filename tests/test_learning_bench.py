@@ -1,6 +1,7 @@
 """bench/learning.py: per-algorithm configs at equal trajectories, and the run summary."""
 
 import argparse
+import json
 import pathlib
 
 import pytest
@@ -448,3 +449,51 @@ def test_paired_gain_by_hand(learning):
     row = learning.gain_table(entries).splitlines()[2]
     # start 2 of 5 valid, final 4 of 5 valid; the gain is over the 4 paired tasks
     assert row == "| grpo | 0 | household | 4 | 0.400 | 0.800 | +0.250 ± 0.957 | 2 | 1 |"
+
+
+def test_smol_report_writes_what_is_finished_and_nothing_else(learning, tmp_path):
+    """--report on a study stopped mid-way (hand-written outputs): the finished arm's per-task
+    outcomes go to results.json, the arm still training is left out, nothing is run."""
+
+    def write(path, outcome, iteration=2):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"iter_{iteration:05d}.json").write_text(json.dumps({"eval": outcome}))
+
+    tasks = {"tasks": [3, 4, 5], "horizon": [2, 6, 9], "temperature": 0.4}
+    start = {**tasks, "won": [1, 0, 0], "valid": [1, 1, 1]}
+    final = {**tasks, "won": [1, 1, 0], "valid": [1, 1, 1]}
+    for style in ("grpo", "strata"):
+        for world in ("household", "alfworld"):
+            write(tmp_path / f"start_{style}_{world}" / "evals", start, iteration=0)
+    run = tmp_path / "grpo_s0"
+    write(run / "evals", final)
+    write(run / "alfworld" / "evals", start)
+    rows = [
+        {"iteration": 1, "train/success": 0.25, "train/esu": 0.5, "time/iteration_s": 10.0},
+        {"iteration": 2, "train/success": 0.5, "train/esu": 0.4, "time/iteration_s": 12.0, "eval/success": 2 / 3},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "strata_s0").mkdir()  # started, not finished
+    args = _args(
+        world="smol", algos="grpo,strata", seeds="0", iterations=2, eval_every=2, eval_tasks=3, tasks=4,
+        lora_rank=16, lr=5e-5, sft_steps=None, horizon=(2, 8), alfworld_tasks=3, out=str(tmp_path),
+        results=None, sft_only=False, report=True,
+    )  # fmt: skip
+    learning.smol_study(args)
+    entries = json.loads((tmp_path / "results.json").read_text())
+    assert entries == [
+        {
+            "seed": 0,
+            "arms": {
+                "grpo": {
+                    "household": {"start": [1, 0, 0], "final": [1, 1, 0], "tasks": [3, 4, 5]},
+                    "alfworld": {"start": [1, 0, 0], "final": [1, 0, 0], "tasks": [3, 4, 5]},
+                }
+            },
+        }
+    ]
+    md = (tmp_path / "results.md").read_text()
+    assert "| grpo | 0 | household | 3 | 0.333 | 0.667 | +0.333 ± 0.667 | 1 | 0 |" in md
+    assert "strata" not in md
+    assert (tmp_path / "eval_success.png").exists()
+    assert not (tmp_path / "shared").exists() and not (tmp_path / "strata_s0" / "metrics.jsonl").exists()
