@@ -298,6 +298,7 @@ def plots(results: dict, algos, seeds, out: pathlib.Path, world: str = "househol
     ax.set_xlabel("iteration (0 = SFT start)")
     ax.set_ylabel("held-out success (T = eval temperature)")
     ax.set_title(f"{world.capitalize()} horizon study: held-out success, mean ± sd over seeds")
+    ax.set_ylim(bottom=0)  # from zero: a gain of a few tasks should look like one
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
